@@ -1,0 +1,94 @@
+"""The result type every check, cluster run and report shares, and its JSON schema.
+
+A ``Result`` is one verdict of one check on one node. Reports (console, JSON, JUnit,
+HTML) are all rendered from lists of Results, so this module is the single place
+where their shape is defined. ``SCHEMA_VERSION`` changes whenever a field does.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Status(str, enum.Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
+    ERROR = "ERROR"
+
+    @property
+    def failed(self) -> bool:
+        return self in (Status.FAIL, Status.ERROR)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured value with its unit, and the threshold it was judged against."""
+
+    name: str
+    value: float | int | str | bool
+    unit: str = ""
+    threshold: float | None = None
+    # "min": value must be >= threshold; "max": value must be <= threshold.
+    bound: str | None = None
+
+    def ok(self) -> bool | None:
+        """True/False when judged against a threshold, None when only reported."""
+        if self.threshold is None or self.bound is None:
+            return None
+        if not isinstance(self.value, (int, float)) or isinstance(self.value, bool):
+            return None
+        if self.bound == "min":
+            return self.value >= self.threshold
+        if self.bound == "max":
+            return self.value <= self.threshold
+        raise ValueError(f"unknown bound {self.bound!r}: expected 'min' or 'max'")
+
+
+@dataclass
+class Result:
+    check: str
+    node: str
+    status: Status
+    reason: str = ""
+    measurements: list[Measurement] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    duration_s: float = 0.0
+    # Free-form structured detail (per-size sweep, per-pair matrix, ranks that hung).
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status is Status.SKIP and not self.reason:
+            raise ValueError(f"check {self.check!r} on {self.node!r}: a SKIP must say why")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Result:
+        return cls(
+            check=str(data["check"]),
+            node=str(data["node"]),
+            status=Status(data["status"]),
+            reason=str(data.get("reason", "")),
+            measurements=[Measurement(**m) for m in data.get("measurements", [])],
+            versions={str(k): str(v) for k, v in data.get("versions", {}).items()},
+            duration_s=float(data.get("duration_s", 0.0)),
+            details=dict(data.get("details", {})),
+        )
+
+
+def overall_ok(results: Iterable[Result]) -> bool:
+    """True when no result failed or errored (SKIPs do not fail a run)."""
+    return not any(r.status.failed for r in results)
+
+
+def exit_code(results: Iterable[Result]) -> int:
+    return 0 if overall_ok(results) else 1
