@@ -92,3 +92,62 @@ def overall_ok(results: Iterable[Result]) -> bool:
 
 def exit_code(results: Iterable[Result]) -> int:
     return 0 if overall_ok(results) else 1
+
+
+# Identifies a document written by `gpuenv check --json`; readers refuse anything else.
+REPORT_KIND = "gpuenv-check"
+
+
+@dataclass
+class RunReport:
+    """One `gpuenv check` run on one node: the document `--json` writes (docs/checks.md).
+
+    The cluster side runs `gpuenv check --json -` on each node and merges the
+    ``results`` lists; every field needed to tell nodes apart is in each Result too.
+    """
+
+    node: str
+    profile: str
+    results: list[Result] = field(default_factory=list)
+    started_at: str = ""
+    duration_s: float = 0.0
+    command: list[str] = field(default_factory=list)
+    gpuenv_version: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return overall_ok(self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": REPORT_KIND,
+            "gpuenv_version": self.gpuenv_version,
+            "node": self.node,
+            "profile": self.profile,
+            "started_at": self.started_at,
+            "duration_s": self.duration_s,
+            "command": list(self.command),
+            "ok": self.ok,
+            "exit_code": exit_code(self.results),
+            "results": [r.to_dict() for r in self.results],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunReport:
+        if data.get("kind") != REPORT_KIND:
+            raise ValueError(f"not a gpuenv check report: kind is {data.get('kind')!r}")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"report schema_version {version!r} is not supported (expected {SCHEMA_VERSION})"
+            )
+        return cls(
+            node=str(data["node"]),
+            profile=str(data.get("profile", "")),
+            results=[Result.from_dict(r) for r in data.get("results", [])],
+            started_at=str(data.get("started_at", "")),
+            duration_s=float(data.get("duration_s", 0.0)),
+            command=[str(c) for c in data.get("command", [])],
+            gpuenv_version=str(data.get("gpuenv_version", "")),
+        )
