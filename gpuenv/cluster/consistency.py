@@ -1,0 +1,106 @@
+"""Consistency: every node must run the same stack. Any disagreement fails, naming nodes and values.
+
+Compared per node: the facts the node probe reports (driver, CUDA, NCCL, Open MPI, Python and
+its packages, GPU model and count, NCCL environment) merged with the ``versions`` that
+``gpuenv check`` reported there. A fact present on some nodes and absent on others is a
+disagreement too: a node missing a package runs a different stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpuenv.results import Measurement, Result, Status
+
+ABSENT = "<absent>"
+# Facts that legitimately differ between nodes.
+IGNORED = frozenset({"hostname"})
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    key: str
+    # value -> the nodes that have it
+    values: dict[str, list[str]]
+
+    def describe(self) -> str:
+        parts = [f"{v} on {', '.join(nodes)}" for v, nodes in self.values.items()]
+        return f"{self.key}: " + "; ".join(parts)
+
+
+def node_facts(probe: Mapping[str, str], checks: Iterable[Result]) -> dict[str, str]:
+    """One flat fact table for a node: probe facts plus the versions its checks reported."""
+    merged = dict(probe)
+    for result in checks:
+        for key, value in result.versions.items():
+            merged.setdefault(f"versions.{key}", value)
+    return merged
+
+
+def compare(facts: Mapping[str, Mapping[str, str]]) -> list[Disagreement]:
+    """The facts on which the nodes do not all agree, in key order."""
+    keys = sorted({k for table in facts.values() for k in table} - IGNORED)
+    found: list[Disagreement] = []
+    for key in keys:
+        values: dict[str, list[str]] = {}
+        for node, table in facts.items():
+            values.setdefault(table.get(key, ABSENT), []).append(node)
+        if len(values) > 1:
+            # Largest group first: the odd ones out read last.
+            ordered = dict(sorted(values.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+            found.append(Disagreement(key, ordered))
+    return found
+
+
+def odd_nodes(disagreements: Iterable[Disagreement]) -> list[str]:
+    """Nodes outside the majority value of at least one fact (all nodes of a tie)."""
+    odd: set[str] = set()
+    for d in disagreements:
+        groups = list(d.values.values())
+        majority = len(groups[0])
+        tie = sum(1 for g in groups if len(g) == majority) > 1
+        for group in groups if tie else groups[1:]:
+            odd.update(group)
+    return sorted(odd)
+
+
+def consistency_result(facts: Mapping[str, Mapping[str, str]], duration_s: float = 0.0) -> Result:
+    if len(facts) < 2:
+        return Result(
+            check="consistency",
+            node="cluster",
+            status=Status.SKIP,
+            reason=f"{len(facts)} node(s) answered: nothing to compare",
+            duration_s=duration_s,
+        )
+    found = compare(facts)
+    compared = len({k for t in facts.values() for k in t} - IGNORED)
+    measurements = [
+        Measurement("nodes", len(facts)),
+        Measurement("facts_compared", compared),
+        Measurement("disagreements", len(found), threshold=0, bound="max"),
+    ]
+    details = {
+        "disagreements": [{"key": d.key, "values": d.values} for d in found],
+        "odd_nodes": odd_nodes(found),
+    }
+    if found:
+        return Result(
+            check="consistency",
+            node="cluster",
+            status=Status.FAIL,
+            reason="nodes disagree: " + " | ".join(d.describe() for d in found),
+            measurements=measurements,
+            duration_s=duration_s,
+            details=details,
+        )
+    return Result(
+        check="consistency",
+        node="cluster",
+        status=Status.PASS,
+        reason=f"{len(facts)} nodes agree on {compared} facts",
+        measurements=measurements,
+        duration_s=duration_s,
+        details=details,
+    )

@@ -1,0 +1,319 @@
+"""Run one command on many nodes at once, each under a deadline, and gather what they print.
+
+SSH hosts go through fabric with the inventory's connection settings; host keys are checked
+against the inventory's known_hosts with paramiko's RejectPolicy (an unknown or changed key is
+refused, never added). Hosts with ``ansible_connection=local`` (several "nodes" emulated on one
+machine) run as local process groups. Either way the command is the same string and its
+result the same ``Outcome``, so everything above this module has one code path.
+
+Nothing outlives its deadline: on a node the command runs under coreutils ``timeout``, which
+kills its whole process group; a local command runs in its own session and its group is
+killed; the controller stops waiting at the deadline plus a grace and closes the connection.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from gpuenv.cluster.inventory import Host
+
+# Time a node gets past its deadline to deliver the answer before it is called unresponsive.
+GRACE_S = 10.0
+_KILL_AFTER_S = 5
+
+
+@dataclass
+class Outcome:
+    """What one command did on one node."""
+
+    host: str
+    rc: int | None  # None: it never finished (unreachable, refused, deadline)
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def why(self) -> str:
+        if self.error:
+            return self.error
+        tail = " ".join(self.stderr.strip().splitlines()[-3:])
+        return f"exit status {self.rc}" + (f": {tail}" if tail else "")
+
+    def json(self) -> Any:
+        """The last line of stdout that is JSON (node tools print one JSON document)."""
+        text = self.stdout.strip()
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            pass
+        for line in reversed(text.splitlines()):
+            line = line.strip()
+            if line.startswith(("{", "[")):
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+        raise ValueError(f"{self.host}: no JSON in the output ({self.why()})")
+
+
+def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """A shell command line running ``argv`` with ``env`` set, every word quoted."""
+    words = [f"{k}={v}" for k, v in (env or {}).items()]
+    prefix = ["env", *words] if words else []
+    return shlex.join([*prefix, *argv])
+
+
+class _Local:
+    """A local process group: the emulated node of a one-machine 'cluster'."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._proc: subprocess.Popen[str] | None = None
+
+    def run(self, command: str, deadline_s: float) -> Outcome:
+        start = time.monotonic()
+        env = {**os.environ, **self.host.env}
+        proc = subprocess.Popen(
+            ["bash", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        self._proc = proc
+        try:
+            out, err = proc.communicate(timeout=deadline_s)
+            rc: int | None = proc.returncode
+            error = ""
+        except subprocess.TimeoutExpired:
+            self.close()
+            out, err = proc.communicate()
+            rc, error = None, f"did not finish within {deadline_s:.0f} s; killed"
+        finally:
+            self.close()
+        return Outcome(self.host.name, rc, out, err, time.monotonic() - start, error)
+
+    def close(self) -> None:
+        """Kill whatever the command left in its process group (workers of a launcher too)."""
+        proc = self._proc
+        if proc is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            end = time.monotonic() + _KILL_AFTER_S
+            while time.monotonic() < end:
+                proc.poll()  # reap the leader so that only live members keep the group
+                if not _group_alive(proc.pid):
+                    return
+                time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _SSH:
+    """A node reached over SSH with fabric, host keys verified against known_hosts."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def _connect(self, timeout_s: float) -> Any:
+        import paramiko
+        from fabric import Config, Connection
+
+        h = self.host
+        conn = Connection(
+            host=h.address,
+            user=h.user,
+            port=h.port,
+            # An empty SSH config: the inventory alone says how to connect.
+            config=Config(ssh_config=paramiko.SSHConfig()),
+            connect_timeout=max(1, int(timeout_s)),
+            connect_kwargs={
+                "key_filename": h.key_file,
+                "look_for_keys": h.key_file is None,
+                "allow_agent": h.key_file is None,
+                "banner_timeout": timeout_s,
+                "auth_timeout": timeout_s,
+                "channel_timeout": timeout_s,
+            },
+        )
+        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        for path in h.known_hosts:
+            conn.client.load_host_keys(path)
+        with self._lock:
+            self._conn = conn
+        return conn
+
+    def run(self, command: str, deadline_s: float) -> Outcome:
+        import paramiko
+        from invoke.exceptions import CommandTimedOut
+
+        start = time.monotonic()
+        h = self.host
+        # On the node: the whole process group dies at the deadline, whatever the controller does.
+        inner = f"{shell_command([], h.env)} {command}" if h.env else command
+        remote = (
+            f"timeout -k {_KILL_AFTER_S} {max(1, int(deadline_s))} bash -lc {shlex.quote(inner)}"
+        )
+        try:
+            conn = self._connect(min(deadline_s, 20.0))
+            res = conn.run(remote, hide=True, warn=True, in_stream=False, timeout=deadline_s + 2)
+        except CommandTimedOut:
+            return Outcome(
+                h.name,
+                None,
+                "",
+                "",
+                time.monotonic() - start,
+                f"did not finish within {deadline_s:.0f} s",
+            )
+        except paramiko.BadHostKeyException as exc:
+            return Outcome(
+                h.name,
+                None,
+                "",
+                "",
+                time.monotonic() - start,
+                f"host key of {h.address} CHANGED (not the one in "
+                f"{', '.join(h.known_hosts)}): refused ({exc})",
+            )
+        except paramiko.AuthenticationException as exc:
+            return Outcome(
+                h.name,
+                None,
+                "",
+                "",
+                time.monotonic() - start,
+                f"authentication as {h.user or 'the current user'} failed: {exc}",
+            )
+        except paramiko.SSHException as exc:
+            msg = str(exc)
+            if "not found in known_hosts" in msg:
+                msg = (
+                    f"host key of {h.address} is not in {', '.join(h.known_hosts)}: "
+                    "refused (gpuenv never adds unknown host keys)"
+                )
+            return Outcome(h.name, None, "", "", time.monotonic() - start, f"ssh: {msg}")
+        except (OSError, EOFError) as exc:
+            return Outcome(
+                h.name,
+                None,
+                "",
+                "",
+                time.monotonic() - start,
+                f"unreachable at {h.address}:{h.port}: {exc or type(exc).__name__}",
+            )
+        finally:
+            self.close()
+        rc = res.exited
+        error = (
+            f"did not finish within {deadline_s:.0f} s; killed on the node"
+            if rc in (124, 137)
+            else ""
+        )
+        return Outcome(h.name, rc, res.stdout, res.stderr, time.monotonic() - start, error)
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def transport(host: Host) -> _Local | _SSH:
+    return _Local(host) if host.local else _SSH(host)
+
+
+@contextmanager
+def _progress(label: str, total: int, show: bool) -> Iterator[Callable[[str], None]]:
+    if not show:
+        yield lambda _name: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}"),
+        console=Console(stderr=True),
+        transient=False,
+    ) as bar:
+        task = bar.add_task(label, total=total, last="")
+        yield lambda name: bar.update(task, advance=1, last=name)
+
+
+def fan_out(
+    hosts: Sequence[Host],
+    command: Callable[[Host], str],
+    deadline_s: float,
+    label: str = "nodes",
+    show_progress: bool = False,
+) -> dict[str, Outcome]:
+    """Run ``command(host)`` on every host at once; one Outcome per host, by the deadline."""
+    if not hosts:
+        return {}
+    runners = {h.name: transport(h) for h in hosts}
+    outcomes: dict[str, Outcome] = {}
+    pool = cf.ThreadPoolExecutor(max_workers=min(64, len(hosts)), thread_name_prefix="gpuenv-node")
+    start = time.monotonic()
+    try:
+        with _progress(label, len(hosts), show_progress) as advance:
+            futures = {
+                pool.submit(runners[h.name].run, command(h), deadline_s): h.name for h in hosts
+            }
+            try:
+                for fut in cf.as_completed(futures, timeout=deadline_s + GRACE_S):
+                    name = futures[fut]
+                    try:
+                        outcomes[name] = fut.result()
+                    except Exception as exc:
+                        outcomes[name] = Outcome(name, None, error=f"{type(exc).__name__}: {exc}")
+                    advance(name)
+            except cf.TimeoutError:
+                pass
+    finally:
+        waited = time.monotonic() - start
+        for h in hosts:
+            if h.name not in outcomes:
+                runners[h.name].close()
+                outcomes[h.name] = Outcome(
+                    h.name,
+                    None,
+                    duration_s=waited,
+                    error=f"no answer within {deadline_s:.0f} s (+{GRACE_S:.0f} s grace)",
+                )
+        pool.shutdown(wait=False, cancel_futures=True)
+    return {h.name: outcomes[h.name] for h in hosts}

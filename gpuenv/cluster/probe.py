@@ -1,0 +1,199 @@
+"""Node-side probe: what a node runs, for consistency and the rendezvous preflight.
+
+Runs on every node as ``python -m gpuenv.cluster.probe facts|listen|connect`` with the standard
+library only (Python 3.10+), so it answers in well under a second even where torch is slow to
+import. Output is one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from typing import Any
+
+# Distributions whose versions must agree across nodes (the Python stack of the jobs).
+PACKAGES = ("gpuenv", "torch", "numpy", "mpi4py", "nvidia-ml-py", "cupy-cuda12x", "cupy-cuda13x")
+_PACKAGE_PREFIXES = ("nvidia-nccl-",)
+_TOOL_TIMEOUT_S = 10.0
+
+
+def _run(argv: list[str]) -> str | None:
+    exe = shutil.which(argv[0])
+    if exe is None:
+        return None
+    try:
+        done = subprocess.run(
+            [exe, *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=_TOOL_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _packages() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name in PACKAGES or name.startswith(_PACKAGE_PREFIXES):
+            found[name] = dist.version
+    return found
+
+
+def _visible(rows: list[list[str]]) -> list[list[str]]:
+    """nvidia-smi ignores CUDA_VISIBLE_DEVICES; apply it (indices or UUIDs) like CUDA does."""
+    wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if wanted is None:
+        return rows
+    keep = [w.strip() for w in wanted.split(",") if w.strip()]
+    return [r for r in rows if r[0] in keep or r[1] in keep]
+
+
+def _gpus() -> dict[str, str]:
+    out = _run(
+        [
+            "nvidia-smi",
+            "--query-gpu=index,uuid,name,driver_version",
+            "--format=csv,noheader",
+        ]
+    )
+    if out is None:
+        return {"gpu.count": "0"}
+    rows = _visible([[c.strip() for c in line.split(",")] for line in out.splitlines() if line])
+    facts = {"gpu.count": str(len(rows))}
+    if rows:
+        facts["gpu.model"] = ",".join(sorted({r[2] for r in rows}))
+        facts["driver"] = ",".join(sorted({r[3] for r in rows}))
+    banner = _run(["nvidia-smi"]) or ""
+    match = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
+    if match:
+        facts["cuda.driver_api"] = match.group(1)
+    return facts
+
+
+def _toolkits() -> dict[str, str]:
+    facts: dict[str, str] = {}
+    nvcc = _run(["nvcc", "--version"])
+    if nvcc and (m := re.search(r"release ([0-9.]+)", nvcc)):
+        facts["cuda.toolkit"] = m.group(1)
+    mpirun = _run(["mpirun", "--version"])
+    if mpirun and (m := re.search(r"Open MPI\)?\s*([0-9][0-9.]*)", mpirun)):
+        facts["openmpi"] = m.group(1)
+    nccl = _run(["dpkg-query", "-W", "-f", "${Version}", "libnccl2"])
+    if nccl:
+        facts["nccl.system"] = nccl.strip()
+    return facts
+
+
+def _nccl_env() -> dict[str, str]:
+    facts = {f"env.{k}": v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    try:
+        with open("/etc/nccl.conf", encoding="utf-8") as conf:
+            for line in conf:
+                key, sep, value = line.strip().partition("=")
+                if sep and not key.startswith("#"):
+                    facts[f"nccl.conf.{key.strip()}"] = value.strip()
+    except OSError:
+        pass
+    return facts
+
+
+def facts() -> dict[str, Any]:
+    """Everything consistency compares, plus what the rendezvous preflight needs."""
+    compared: dict[str, str] = {
+        "python": platform.python_version(),
+        **{f"pkg.{k}": v for k, v in _packages().items()},
+        **_gpus(),
+        **_toolkits(),
+        **_nccl_env(),
+    }
+    try:
+        interfaces = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        interfaces = [name for _, name in socket.if_nameindex()]
+    return {
+        "hostname": socket.gethostname(),
+        "python_executable": sys.executable,
+        "interfaces": interfaces,
+        "facts": compared,
+    }
+
+
+def listen(host: str, port: int, expect: int, seconds: float) -> dict[str, Any]:
+    """Accept ``expect`` connections on host:port, or stop at the deadline; report the peers."""
+    deadline = time.monotonic() + seconds
+    peers: list[str] = []
+    with socket.create_server((host, port), reuse_port=False) as server:
+        print(json.dumps({"listening": port}), flush=True)
+        while len(peers) < expect:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            server.settimeout(left)
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                break
+            with conn:
+                conn.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    peers.append(conn.recv(256).decode("utf-8", "replace").strip())
+                except OSError:
+                    continue
+    return {"port": port, "peers": peers}
+
+
+def connect(host: str, port: int, name: str, seconds: float) -> dict[str, Any]:
+    """Reach host:port, retrying until the deadline (the listener may start a moment later)."""
+    deadline = time.monotonic() + seconds
+    error = ""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=2.0) as conn:
+                conn.sendall(name.encode())
+            return {"reached": True}
+        except OSError as exc:
+            error = str(exc)
+            time.sleep(0.2)
+    return {"reached": False, "error": error or "deadline passed"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpuenv.cluster.probe")
+    sub = parser.add_subparsers(dest="what", required=True)
+    sub.add_parser("facts")
+    lis = sub.add_parser("listen")
+    lis.add_argument("--host", default="")
+    lis.add_argument("--port", type=int, required=True)
+    lis.add_argument("--expect", type=int, required=True)
+    lis.add_argument("--seconds", type=float, required=True)
+    con = sub.add_parser("connect")
+    con.add_argument("--host", required=True)
+    con.add_argument("--port", type=int, required=True)
+    con.add_argument("--name", required=True)
+    con.add_argument("--seconds", type=float, required=True)
+    args = parser.parse_args(argv)
+    if args.what == "facts":
+        out = facts()
+    elif args.what == "listen":
+        out = listen(args.host, args.port, args.expect, args.seconds)
+    else:
+        out = connect(args.host, args.port, args.name, args.seconds)
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
