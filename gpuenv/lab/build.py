@@ -1,0 +1,28 @@
+"""``gpuenv lab build``: images, the cache container and the molecule network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuenv.lab import cache, images
+from gpuenv.lab.progress import Progress
+from gpuenv.lab.settings import Names
+
+if TYPE_CHECKING:
+    import docker
+
+
+def build(
+    client: docker.DockerClient,
+    names: Names,
+    root: Path,
+    distros: list[str],
+    ca_bundle: Path,
+    progress: Progress,
+) -> list[images.ImageState]:
+    """Everything molecule scenarios and labs need before the first node starts."""
+    states = images.ensure_images(client, names, root, distros, ca_bundle, progress)
+    cache.ensure_cache(client, names, root, progress)
+    cache.ensure_network(client, names, names.molecule_network, {})
+    return states

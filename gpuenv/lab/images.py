@@ -1,0 +1,243 @@
+"""Building the lab images: debootstrap → docker import → layered build, cached by recipe hash."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuenv.errors import EnvironmentProblem
+from gpuenv.lab import recipe
+from gpuenv.lab.progress import Progress
+from gpuenv.lab.settings import CACHE_DISTRO, LABEL_OWNER, LABEL_RECIPE, Names, cache_dir
+
+if TYPE_CHECKING:
+    import docker
+
+DEBOOTSTRAP_DEADLINE_S = 1200
+BUILD_DEADLINE_S = 900
+
+
+@dataclass(frozen=True)
+class ImageState:
+    tag: str
+    digest: str
+    built: bool  # False: an image with this recipe already existed
+
+
+def _current_digest(client: docker.DockerClient, tag: str) -> str | None:
+    from docker.errors import ImageNotFound
+
+    try:
+        image = client.images.get(tag)
+    except ImageNotFound:
+        return None
+    return (image.labels or {}).get(LABEL_RECIPE)
+
+
+def _base_tarball(
+    base: recipe.BaseRecipe, names: Names, root: Path, progress: Progress, key: str
+) -> Path:
+    """The debootstrap'ed root file system as a tar, made once per recipe and kept."""
+    out_dir = cache_dir(root)
+    tarball = out_dir / f"{names.prefix}-base-{base.distro}-{base.digest()}.tar"
+    if tarball.exists():
+        return tarball
+    if shutil.which("debootstrap") is None:
+        raise EnvironmentProblem(
+            "debootstrap is not installed: `sudo apt-get install debootstrap` "
+            "(or run scripts/host-prereqs.sh)"
+        )
+    if os.geteuid() != 0:
+        raise EnvironmentProblem(
+            "building the lab's base image runs debootstrap, which needs root: "
+            "run `sudo .venv/bin/gpuenv lab build` once"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / f"debootstrap-{base.distro}.log"
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=f"rootfs-{base.distro}-") as tmp:
+        target = Path(tmp) / "rootfs"
+        _run_logged(base.debootstrap_argv(target), log_path, progress, key, DEBOOTSTRAP_DEADLINE_S)
+        # The downloaded .debs are installed already; they would only make the image bigger.
+        for deb in (target / "var/cache/apt/archives").glob("*.deb"):
+            deb.unlink()
+        partial = tarball.with_suffix(".partial")
+        progress.update(key, "packing the root file system")
+        subprocess.run(
+            ["tar", "-C", str(target), "--numeric-owner", "--xattrs", "-cf", str(partial), "."],
+            check=True,
+            timeout=600,
+        )
+        partial.rename(tarball)
+    for old in out_dir.glob(f"{names.prefix}-base-{base.distro}-*.tar"):
+        if old != tarball:
+            old.unlink()
+    return tarball
+
+
+def _run_logged(
+    argv: list[str], log_path: Path, progress: Progress, key: str, deadline_s: int
+) -> None:
+    tail: deque[str] = deque(maxlen=15)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                tail.append(line.rstrip())
+                if line.startswith("I: "):
+                    progress.update(key, line[3:].strip()[:70])
+            rc = proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = -9
+    if rc != 0:
+        raise EnvironmentProblem(
+            f"{argv[0]} failed (exit {rc}); last lines of {log_path}:\n" + "\n".join(tail)
+        )
+
+
+def ensure_base(
+    client: docker.DockerClient, names: Names, root: Path, distro: str, progress: Progress
+) -> ImageState:
+    base = recipe.base_recipe(distro)
+    tag = names.base_image(distro)
+    digest = base.digest()
+    if _current_digest(client, tag) == digest:
+        return ImageState(tag, digest, built=False)
+    key = f"base-{distro}"
+    progress.begin(key, f"base {distro}: debootstrap --variant=minbase")
+    tarball = _base_tarball(base, names, root, progress, key)
+    progress.update(key, "docker import")
+    repository, _, version = tag.partition(":")
+    client.api.import_image_from_file(
+        str(tarball),
+        repository=repository,
+        tag=version,
+        changes=[
+            f"LABEL {LABEL_RECIPE}={digest} {LABEL_OWNER}={names.prefix}",
+            'CMD ["/lib/systemd/systemd"]',
+        ],
+    )
+    progress.end(key, tag)
+    return ImageState(tag, digest, built=True)
+
+
+def ensure_layer(
+    client: docker.DockerClient,
+    names: Names,
+    tag: str,
+    layer: recipe.LayerRecipe,
+    progress: Progress,
+) -> ImageState:
+    digest = layer.digest()
+    old = _image_id(client, tag)
+    if old is not None and _current_digest(client, tag) == digest:
+        return ImageState(tag, digest, built=False)
+    key = f"build-{tag}"
+    progress.begin(key, f"build {tag}")
+    tail: deque[str] = deque(maxlen=15)
+    stream = client.api.build(
+        fileobj=io.BytesIO(layer.context()),
+        custom_context=True,
+        tag=tag,
+        labels={LABEL_RECIPE: digest, LABEL_OWNER: names.prefix},
+        rm=True,
+        forcerm=True,
+        pull=False,
+        decode=True,
+        timeout=BUILD_DEADLINE_S,
+    )
+    for chunk in stream:
+        if "error" in chunk:
+            raise EnvironmentProblem(
+                f"building {tag} failed: {chunk['error'].strip()}\n" + "\n".join(tail)
+            )
+        line = str(chunk.get("stream", "")).strip()
+        if line:
+            tail.append(line)
+            progress.update(key, line.splitlines()[-1][:70])
+    if old is not None and old != _image_id(client, tag):
+        _remove_quietly(client, old)
+    progress.end(key, tag)
+    return ImageState(tag, digest, built=True)
+
+
+def _image_id(client: docker.DockerClient, tag: str) -> str | None:
+    from docker.errors import ImageNotFound
+
+    try:
+        return str(client.images.get(tag).id)
+    except ImageNotFound:
+        return None
+
+
+def _remove_quietly(client: docker.DockerClient, image_id: str) -> None:
+    """Drop a replaced image; one still used by a container stays (docker refuses)."""
+    from docker.errors import APIError
+
+    try:
+        client.images.remove(image_id, noprune=False)
+    except APIError as exc:
+        if exc.status_code != 409:
+            raise
+
+
+def ensure_images(
+    client: docker.DockerClient,
+    names: Names,
+    root: Path,
+    distros: list[str],
+    ca_bundle: Path,
+    progress: Progress,
+) -> list[ImageState]:
+    """Node images for ``distros`` and the cache image, built only where the recipe changed."""
+    certs = recipe.read_ca_bundle(ca_bundle)
+    bases = sorted({*distros, CACHE_DISTRO}, key=lambda d: (d != CACHE_DISTRO, d))
+    # debootstrap is mostly waiting on the network: both distros at once is faster.
+    with ThreadPoolExecutor(max_workers=len(bases)) as pool:
+        futures = [pool.submit(ensure_base, client, names, root, d, progress) for d in bases]
+        states = [f.result() for f in futures]
+    for distro in distros:
+        layer = recipe.node_recipe(names.base_image(distro), recipe.base_recipe(distro), certs)
+        states.append(ensure_layer(client, names, names.node_image(distro), layer, progress))
+    cache_layer = recipe.cache_recipe(
+        names.base_image(CACHE_DISTRO), recipe.base_recipe(CACHE_DISTRO)
+    )
+    states.append(ensure_layer(client, names, names.cache_image, cache_layer, progress))
+    return states
+
+
+def remove_images(client: docker.DockerClient, names: Names) -> list[str]:
+    """Remove every image this prefix built; returns what could not be removed and why."""
+    from docker.errors import APIError
+
+    problems: list[str] = []
+    for image in client.images.list(filters={"label": f"{LABEL_OWNER}={names.prefix}"}):
+        for tag in image.tags or [image.id]:
+            try:
+                client.images.remove(tag)
+            except APIError as exc:
+                problems.append(f"{tag}: {json.dumps(exc.explanation)}")
+    return problems
+
+
+def remove_tarballs(names: Names, root: Path) -> None:
+    for tarball in cache_dir(root).glob(f"{names.prefix}-base-*.tar"):
+        tarball.unlink()

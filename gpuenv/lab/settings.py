@@ -1,0 +1,157 @@
+"""Names, paths and input validation for the lab; no docker access here."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuenv.errors import BadInput
+
+DISTROS = ("trixie", "bookworm")
+DEFAULT_DISTRO = "trixie"
+# The cache container runs on this distro's base whatever the nodes run.
+CACHE_DISTRO = "trixie"
+DEFAULT_LAB = "gpuenv"
+MAX_NODES = 32
+DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+MIRROR = "http://deb.debian.org/debian"
+
+APT_PROXY_URL = "http://apt-cache:3142"
+WHEELHOUSE_URL = "http://apt-cache:8080/"
+CACHE_ALIAS = "apt-cache"
+
+# Docker labels that mark every object the lab owns.
+LABEL_OWNER = "gpuenv.owner"
+LABEL_RECIPE = "gpuenv.recipe"
+LABEL_LAB = "gpuenv.lab"
+LABEL_NODE = "gpuenv.node"
+LABEL_DISTRO = "gpuenv.distro"
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,19}(-[a-z0-9]{1,19}){0,3}$")
+
+
+@dataclass(frozen=True)
+class Names:
+    """Docker object names, derived from one prefix (``gpuenv`` unless ``GPUENV_LAB_PREFIX``).
+
+    A different prefix gives a fully separate set of images, cache and networks, which the
+    cold-start benchmark uses so it never disturbs a lab or molecule run in progress.
+    """
+
+    prefix: str = "gpuenv"
+
+    @classmethod
+    def from_env(cls) -> Names:
+        prefix = os.environ.get("GPUENV_LAB_PREFIX", "gpuenv")
+        if not _NAME_RE.match(prefix):
+            raise BadInput(f"GPUENV_LAB_PREFIX={prefix!r} is not a valid name (lowercase, a-z0-9-)")
+        return cls(prefix)
+
+    def base_image(self, distro: str) -> str:
+        return f"{self.prefix}/base:{distro}"
+
+    def node_image(self, distro: str) -> str:
+        return f"{self.prefix}/node:{distro}"
+
+    @property
+    def cache_image(self) -> str:
+        return f"{self.prefix}/cache:{CACHE_DISTRO}"
+
+    @property
+    def cache_container(self) -> str:
+        return f"{self.prefix}-cache"
+
+    @property
+    def cache_volume(self) -> str:
+        return f"{self.prefix}-apt-cache"
+
+    @property
+    def molecule_network(self) -> str:
+        return f"{self.prefix}-molecule"
+
+
+@dataclass(frozen=True)
+class LabPaths:
+    """Files a lab writes on the controller, relative to the project root."""
+
+    root: Path
+    name: str
+
+    @property
+    def inventory_dir(self) -> Path:
+        sub = "lab" if self.name == DEFAULT_LAB else f"lab-{self.name}"
+        return self.root / "inventory" / sub
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.inventory_dir / "hosts.yml"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.inventory_dir / "known_hosts"
+
+    @property
+    def key_dir(self) -> Path:
+        return self.root / ".gpuenv" / "lab" / self.name
+
+    @property
+    def private_key(self) -> Path:
+        return self.key_dir / "id_ed25519"
+
+    @property
+    def fact_cache(self) -> Path:
+        return self.root / ".cache" / "facts"
+
+
+def cache_dir(root: Path) -> Path:
+    """Where debootstrap tarballs and the wheelhouse live (git-ignored)."""
+    return root / ".cache" / "lab"
+
+
+def wheelhouse_dir(root: Path) -> Path:
+    """Wheels put here are served to lab nodes at ``WHEELHOUSE_URL``."""
+    return cache_dir(root) / "wheels"
+
+
+def validate_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise BadInput(
+            f"lab name {name!r} is not valid: use lowercase letters, digits and single dashes, "
+            "starting with a letter (e.g. 'gpuenv', 'lab2')"
+        )
+    return name
+
+
+def validate_nodes(value: str | int) -> int:
+    try:
+        nodes = int(value)
+    except (TypeError, ValueError):
+        raise BadInput(
+            f"--nodes must be a whole number from 1 to {MAX_NODES}, got {value!r}"
+        ) from None
+    if not 1 <= nodes <= MAX_NODES:
+        raise BadInput(f"--nodes must be from 1 to {MAX_NODES}, got {nodes}")
+    return nodes
+
+
+def validate_distro(distro: str) -> str:
+    if distro not in DISTROS:
+        raise BadInput(f"unknown distro {distro!r}: choose one of {', '.join(DISTROS)}")
+    return distro
+
+
+def node_name(lab: str, index: int) -> str:
+    """Container name, hostname and inventory name of a lab node: ``<lab>-node<i>``."""
+    return f"{lab}-node{index}"
+
+
+def resolve_node(lab: str, node: str) -> str:
+    """Accept ``node2`` or ``<lab>-node2``; return the full node name."""
+    short = re.fullmatch(r"node([1-9][0-9]*)", node)
+    if short:
+        return node_name(lab, int(short.group(1)))
+    if re.fullmatch(rf"{re.escape(lab)}-node[1-9][0-9]*", node):
+        return node
+    raise BadInput(f"no node {node!r} in lab {lab!r}: use node<N> or {lab}-node<N>")
