@@ -1,0 +1,34 @@
+"""Print the digest of a gpuenv checkout and the name of the wheel it builds, as JSON.
+
+Runs on the controller. The digest covers what goes into the wheel, so the wheel is built and
+shipped again exactly when the checkout changed.
+"""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import tomllib
+
+
+def main(root: Path) -> None:
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    files = [root / "pyproject.toml", root / "README.md", root / "LICENSE"]
+    files += sorted(
+        p
+        for p in (root / "gpuenv").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
+    digest = hashlib.sha256()
+    for path in files:
+        if path.is_file():
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    name = project["name"].replace("-", "_")
+    wheel = f"{name}-{project['version']}-py3-none-any.whl"
+    print(json.dumps({"digest": digest.hexdigest()[:16], "wheel": wheel}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]).resolve())
