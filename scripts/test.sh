@@ -43,6 +43,8 @@ if [ "${#scenarios[@]}" -gt 0 ] && want molecule-images; then
 fi
 for d in "${scenarios[@]}"; do
   d=${d%/}; scenario=${d##*/}; base=${d%/molecule/*}
+  # A top-level scenario (molecule/NAME) runs from the repository root.
+  [ "$base" = "$d" ] && base=.
   step "molecule:${base##*/}/$scenario" bash -c "cd '$base' && molecule test -s '$scenario'"
 done
 
