@@ -1,0 +1,179 @@
+"""`ddp`: PyTorch DistributedDataParallel under torchrun, one process per GPU (gloo on CPU).
+
+The parent side builds the torchrun command and judges; ``python -m gpuenv.checks.ddp``
+is what each rank runs. A few training steps of a small MLP on a fixed batch per rank:
+after them the parameters must be identical on every rank and the loss must have gone
+down. The process group's timeout sits below the check's deadline and NCCL's async
+error handling is on, so a rank whose peer hangs aborts by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuenv.checks.base import (
+    DEADLINE_ENV,
+    EVENT_DIR_ENV,
+    Context,
+    RankLog,
+    fault_point,
+    module_version,
+    wait_gate,
+)
+from gpuenv.results import Measurement, Result, Status
+
+NAME = "ddp"
+DESCRIPTION = "torchrun DDP, one process per GPU (NCCL) or 2 on CPU (gloo): equal params, loss down"
+
+
+def unavailable(has_gpu: bool) -> str | None:
+    from importlib.util import find_spec
+
+    if find_spec("torch") is None:
+        return "torch not installed"
+    return None
+
+
+def command(ctx: Context, world: int, has_gpu: bool) -> list[str]:
+    steps = int(ctx.profile_params(NAME).get("steps", 20))
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", "--nnodes", "1", "--nproc-per-node", str(world), "--max-restarts", "0",
+        "-m", "gpuenv.checks.ddp", "--steps", str(steps), "--device", "cuda" if has_gpu else "cpu",
+    ]  # fmt: skip
+
+
+def environment(ctx: Context, has_gpu: bool) -> dict[str, str]:
+    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1" if not has_gpu else "4"}
+    # torch spends seconds probing CUDA on a CPU-only host; say there is none.
+    return env
+
+
+def judge(
+    ctx: Context, payloads: Mapping[int, Mapping[str, Any]], world: int, has_gpu: bool
+) -> Result:
+    first = payloads[0]
+    max_ratio = float(ctx.thresholds["ddp"]["max_loss_ratio"])
+    ratio = first["loss_last"] / first["loss_first"] if first["loss_first"] else float("inf")
+    diff = max(float(p["param_max_diff"]) for p in payloads.values())
+    step_ms = max(float(p["step_time_s"]) for p in payloads.values()) * 1e3
+    ms = [
+        Measurement("param_max_diff", diff, "", 0.0, "max"),
+        Measurement("loss_ratio", round(ratio, 4), "", max_ratio, "max"),
+        Measurement("step_time", round(step_ms, 3), "ms"),
+        Measurement("ranks", world),
+    ]
+    details = {
+        "backend": first["backend"],
+        "steps": first["steps"],
+        "losses": {str(r): p["losses"] for r, p in sorted(payloads.items())},
+    }
+    versions = {"torch": first["torch"]}
+    problems = []
+    if diff > 0.0:
+        problems.append(f"parameters differ across ranks after training (max |diff| {diff:.3g})")
+    if ratio > max_ratio:
+        problems.append(f"loss did not decrease enough: last/first {ratio:.3f} > {max_ratio}")
+    if problems:
+        return Result(
+            NAME, ctx.node, Status.FAIL, "; ".join(problems), ms, versions, details=details
+        )
+    reason = (
+        f"{world} ranks ({first['backend']}): parameters identical after {first['steps']} steps,"
+        f" loss x{ratio:.3f}, {step_ms:.2f} ms/step"
+    )
+    return Result(NAME, ctx.node, Status.PASS, reason, ms, versions, details=details)
+
+
+def rank_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpuenv.checks.ddp")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cpu")
+    args = parser.parse_args(argv)
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    log = RankLog(os.environ[EVENT_DIR_ENV], rank)
+    log.mark(NAME, "start")
+
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    wait_gate()
+    deadline = float(os.environ.get(DEADLINE_ENV, "120"))
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        backend, din, hidden, batch = "nccl", 1024, 4096, 1024
+    else:
+        device = torch.device("cpu")
+        backend, din, hidden, batch = "gloo", 32, 64, 64
+    # Below the deadline, so a rank blocked on a missing peer errors out by itself.
+    timeout = timedelta(seconds=max(5.0, deadline - 10.0))
+    kwargs: dict[str, Any] = {"device_id": device} if cuda else {}
+    dist.init_process_group(backend, timeout=timeout, **kwargs)
+    log.mark(NAME, "process group")
+    fault_point(NAME, rank)  # a rank that never joins the first collective
+    log.mark(NAME, "wrap model")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(din, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 1),
+    ).to(device)  # fmt: skip
+    ddp = DistributedDataParallel(model, device_ids=[local] if cuda else None)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(batch, din, generator=gen)
+    w = torch.randn(din, 1, generator=torch.Generator().manual_seed(7)) / din**0.5
+    y = torch.sin(x @ w)
+    x, y = x.to(device), y.to(device)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+    losses, times = [], []
+    log.mark(NAME, "train")
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))  # .item() waits for the step to finish
+        times.append(time.perf_counter() - t)
+    log.mark(NAME, "compare")
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    ref = flat.clone()
+    dist.broadcast(ref, 0)
+    diff = float((flat - ref).abs().max().item())
+    pair = torch.tensor([losses[0], losses[-1]], device=device)
+    dist.all_reduce(pair)  # the global loss: the mean over ranks
+    pair /= world
+    steady = times[1:] or times
+    log.result(NAME, {
+        "backend": backend,
+        "steps": args.steps,
+        "losses": [round(v, 6) for v in losses],
+        "loss_first": float(pair[0]),
+        "loss_last": float(pair[1]),
+        "param_max_diff": diff,
+        "step_time_s": sum(steady) / len(steady),
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "",
+    })  # fmt: skip
+    dist.destroy_process_group()
+    return 0
+
+
+def installed_version() -> str | None:
+    return module_version("torch")
+
+
+if __name__ == "__main__":
+    raise SystemExit(rank_main(sys.argv[1:]))

@@ -1,0 +1,215 @@
+"""`mpi`: mpi4py Bcast, Gather and Allreduce across ranks, with CuPy buffers on GPUs.
+
+CuPy device buffers are handed to MPI only when Open MPI was built CUDA-aware
+(``ompi_info``: mpi_built_with_cuda_support true); otherwise an MPI library reads a
+device pointer as host memory and the rank dies with a segmentation fault, so the
+buffers are staged through host memory. On a host without GPUs, numpy buffers.
+Unlike the seed document, every rank's Gather part has the same length, the device is
+synchronised before MPI reads a buffer, and every result is compared with the truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuenv.checks.base import EVENT_DIR_ENV, Context, RankLog, fault_point, wait_gate
+from gpuenv.results import Measurement, Result, Status
+
+NAME = "mpi"
+DESCRIPTION = (
+    "mpirun + mpi4py: Bcast, Gather, Allreduce on CuPy (CUDA-aware or host-staged) or numpy"
+)
+
+PATHS = ("cuda-aware", "host-staging", "numpy")
+
+
+def unavailable(has_gpu: bool) -> str | None:
+    from importlib.util import find_spec
+
+    for module, what in (("mpi4py", "mpi4py"), ("numpy", "numpy")):
+        if find_spec(module) is None:
+            return f"{what} not installed"
+    if shutil.which("mpirun") is None:
+        return "mpirun not found on PATH"
+    if has_gpu and find_spec("cupy") is None:
+        return "cupy not installed (needed for GPU buffers)"
+    return None
+
+
+def _ompi_info() -> str:
+    if shutil.which("ompi_info") is None:
+        return ""
+    try:
+        done = subprocess.run(
+            ["ompi_info", "--parsable", "--all"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout
+
+
+def cuda_aware(ompi_info_output: str) -> bool:
+    """True when Open MPI reports it was built with CUDA support (and it is not disabled)."""
+    values = {}
+    for line in ompi_info_output.splitlines():
+        parts = line.split(":")
+        if len(parts) >= 7 and parts[5] == "value":
+            values[parts[4]] = parts[6].strip()
+    built = values.get("mpi_built_with_cuda_support") == "true"
+    enabled = values.get("mpi_cuda_support", values.get("opal_cuda_support", "true")) == "true"
+    return built and enabled
+
+
+def choose_path(has_gpu: bool) -> str:
+    if not has_gpu:
+        return "numpy"
+    return "cuda-aware" if cuda_aware(_ompi_info()) else "host-staging"
+
+
+def _is_open_mpi() -> bool:
+    try:
+        done = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in done.stdout + done.stderr or "OpenRTE" in done.stdout + done.stderr
+
+
+def command(ctx: Context, world: int, has_gpu: bool) -> list[str]:
+    mib = float(ctx.profile_params(NAME).get("mib", 16))
+    argv = ["mpirun", "-n", str(world)]
+    if _is_open_mpi():
+        # The CI machine has fewer cores than ranks; root needs Open MPI's explicit consent.
+        argv.append("--oversubscribe")
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+    path = choose_path(has_gpu)
+    return [*argv, sys.executable, "-m", "gpuenv.checks.mpi", "--path", path, "--mib", str(mib)]
+
+
+def environment(ctx: Context, has_gpu: bool) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": "1"}
+
+
+def judge(
+    ctx: Context, payloads: Mapping[int, Mapping[str, Any]], world: int, has_gpu: bool
+) -> Result:
+    first = payloads[0]
+    problems = [f"rank {r}: {e}" for r, p in sorted(payloads.items()) for e in p.get("errors", [])]
+    slowest = max(float(p["allreduce_s"]) for p in payloads.values())
+    ms = [
+        Measurement("ranks", world),
+        Measurement("path", first["path"]),
+        Measurement("allreduce_time", round(slowest * 1e3, 3), "ms"),
+        Measurement("allreduce_bytes", first["bytes"], "B"),
+    ]
+    versions = {"mpi4py": first["mpi4py"], "mpi": first["mpi"]}
+    details = {"path": first["path"], "why": first["why"]}
+    if problems:
+        return Result(
+            NAME, ctx.node, Status.FAIL, "; ".join(problems), ms, versions, details=details
+        )
+    reason = (
+        f"Bcast, Gather, Allreduce verified on {world} ranks; path {first['path']} ({first['why']})"
+    )
+    return Result(NAME, ctx.node, Status.PASS, reason, ms, versions, details=details)
+
+
+def rank_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpuenv.checks.mpi")
+    parser.add_argument("--path", choices=PATHS, required=True)
+    parser.add_argument("--mib", type=float, default=16)
+    args = parser.parse_args(argv)
+
+    import mpi4py
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    log = RankLog(os.environ[EVENT_DIR_ENV], rank)
+    log.mark(NAME, "start")
+    if args.path == "numpy":
+        xp: Any = np
+        why = "no GPU: numpy buffers"
+    else:
+        import cupy as cp
+
+        xp = cp
+        cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
+        why = (
+            "Open MPI built with CUDA support: CuPy buffers passed directly"
+            if args.path == "cuda-aware"
+            else "Open MPI not CUDA-aware: CuPy buffers staged through host memory"
+        )
+
+    def to_mpi(arr: Any) -> Any:
+        if args.path == "host-staging":
+            return xp.asnumpy(arr)  # waits for the device
+        if args.path == "cuda-aware":
+            xp.cuda.get_current_stream().synchronize()  # MPI reads the buffer from now on
+        return arr
+
+    def from_mpi(buf: Any, arr: Any) -> None:
+        if args.path == "host-staging":
+            arr.set(buf)
+
+    wait_gate()
+    log.mark(NAME, "ready")
+    fault_point(NAME, rank)  # a rank that never joins
+    log.mark(NAME, "bcast")
+    k = max(1, int(args.mib * 2**20) // 4 // size)
+    n = k * size
+    errors = []
+    data = xp.arange(n, dtype=xp.float32) if rank == 0 else xp.empty(n, dtype=xp.float32)
+    buf = to_mpi(data)
+    comm.Bcast(buf, root=0)
+    from_mpi(buf, data)
+    if not bool((data == xp.arange(n, dtype=xp.float32)).all()):
+        errors.append("Bcast: values differ from the root's")
+
+    log.mark(NAME, "gather")
+    local = xp.square(data[rank * k : (rank + 1) * k])  # the same length on every rank
+    recv = xp.empty((size, k), dtype=xp.float32) if rank == 0 else None
+    rbuf = to_mpi(recv) if recv is not None else None
+    comm.Gather(to_mpi(local), rbuf, root=0)
+    if rank == 0:
+        from_mpi(rbuf, recv)
+        if not bool((recv.reshape(-1) == xp.square(xp.arange(n, dtype=xp.float32))).all()):
+            errors.append("Gather: root received wrong values")
+
+    log.mark(NAME, "allreduce")
+    send = xp.full(n, rank + 1, dtype=xp.float32)
+    out = xp.empty_like(send)
+    comm.Barrier()
+    t = time.perf_counter()
+    obuf = to_mpi(out)
+    comm.Allreduce(to_mpi(send), obuf, op=MPI.SUM)
+    from_mpi(obuf, out)
+    if args.path != "numpy":
+        xp.cuda.get_current_stream().synchronize()
+    seconds = time.perf_counter() - t
+    if not bool((out == size * (size + 1) / 2).all()):
+        errors.append("Allreduce: wrong sum")
+    log.mark(NAME, "done")
+    log.result(NAME, {
+        "path": args.path,
+        "why": why,
+        "errors": errors,
+        "bytes": n * 4,
+        "allreduce_s": seconds,
+        "mpi4py": mpi4py.__version__,
+        "mpi": MPI.Get_library_version().strip().splitlines()[0],
+    })  # fmt: skip
+    comm.Barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(rank_main(sys.argv[1:]))

@@ -1,0 +1,296 @@
+"""`nccl`: all-reduce through cupy.cuda.nccl, one process per local GPU.
+
+algbw = bytes / time and busbw = algbw x 2(n-1)/n, as nccl-tests defines them for
+all-reduce. The time of a size is the slowest rank's mean over the timed iterations.
+With 3 or more GPUs every pair is measured too, on its own 2-rank communicator, so a
+slow GPU or link is named. Ranks poll their CUDA events instead of blocking, and abort
+the communicator (ncclCommAbort) when peers do not arrive before the deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpuenv.checks.base import Context, RankLog, fault_point
+from gpuenv.checks.thresholds import link_spec_gbps, nccl_efficiency
+from gpuenv.results import Measurement, Result, Status
+
+NAME = "nccl"
+DESCRIPTION = "NCCL all-reduce via cupy.cuda.nccl over all GPUs: verified, busbw sweep, per pair"
+
+
+class CollectiveTimeout(RuntimeError):
+    pass
+
+
+def bus_factor(world: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth factor 2(n-1)/n."""
+    return 2.0 * (world - 1) / world
+
+
+def share_unique_id(
+    nccl: Any, directory: Path, tag: str, create: bool, deadline: float
+) -> tuple[int, ...]:
+    """Rank ``create`` makes the NCCL unique id; the others read it from a file."""
+    path = directory / f"nccl-id-{tag}.json"
+    if create:
+        uid = nccl.get_unique_id()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(list(uid)), encoding="utf-8")
+        os.replace(tmp, path)  # atomic: readers never see half a file
+        return tuple(uid)
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise CollectiveTimeout(f"NCCL id {tag!r} never appeared: its creator did not start")
+        time.sleep(0.005)
+    return tuple(json.loads(path.read_text(encoding="utf-8")))
+
+
+def wait(event: Any, comm: Any, deadline: float, what: str) -> None:
+    while not event.done:
+        if time.monotonic() > deadline:
+            comm.abort()
+            raise CollectiveTimeout(
+                f"{what} did not complete before the deadline: communicator aborted"
+            )
+        time.sleep(0.0002)
+
+
+def _time_allreduce(
+    cp: Any,
+    nccl: Any,
+    comm: Any,
+    send: Any,
+    recv: Any,
+    count: int,
+    iters: int,
+    warmup: int,
+    stream: Any,
+    deadline: float,
+    what: str,
+) -> float:
+    """Mean seconds of one all-reduce of ``count`` float32 on this rank."""
+
+    def once() -> None:
+        comm.allReduce(
+            send.data.ptr, recv.data.ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr
+        )
+
+    for _ in range(warmup):
+        once()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
+    for _ in range(iters):
+        once()
+    end.record(stream)
+    wait(end, comm, deadline, what)
+    return cp.cuda.get_elapsed_time(start, end) / 1e3 / iters
+
+
+def rank_main(
+    rank: int, world: int, params: Mapping[str, Any], log: RankLog, deadline: float
+) -> dict[str, Any]:
+    import cupy as cp
+    from cupy.cuda import nccl
+
+    directory = log.path.parent
+    cp.cuda.Device(rank).use()
+    log.mark(NAME, "unique id")
+    uid = share_unique_id(nccl, directory, "all", rank == 0, deadline)
+    comm = nccl.NcclCommunicator(world, uid, rank)
+    log.mark(NAME, "communicator")
+    fault_point(NAME, rank)  # a rank that never joins the collective
+    sizes = [int(mib * 2**20) for mib in params["sizes_mib"]]
+    max_count = max(sizes) // 4
+    send = cp.full(max_count, rank + 1, dtype=cp.float32)
+    recv = cp.zeros(max_count, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    iters, warmup = int(params["iters"]), int(params["warmup"])
+    sweep = []
+    try:
+        for size in sizes:
+            seconds = _time_allreduce(
+                cp,
+                nccl,
+                comm,
+                send,
+                recv,
+                size // 4,
+                iters,
+                warmup,
+                stream,
+                deadline,
+                f"all-reduce of {size} bytes",
+            )
+            sweep.append({"bytes": size, "seconds": seconds})
+            log.mark(NAME, f"{size} bytes")
+        expected = world * (world + 1) / 2
+        wrong = int(cp.count_nonzero(recv[: max(sizes) // 4] != expected))
+        pairs = []
+        if world >= 3 or params.get("pairs"):
+            pairs = _pairs(cp, nccl, comm, rank, world, params, directory, log, deadline)
+    except CollectiveTimeout as exc:
+        return {"timeout": str(exc), "sweep": sweep}
+    comm.destroy()
+    return {
+        "sweep": sweep,
+        "wrong_values": wrong,
+        "pairs": pairs,
+        "versions": {"nccl": _version(nccl.get_version()), "cupy": cp.__version__},
+    }
+
+
+def _pairs(
+    cp: Any,
+    nccl: Any,
+    comm: Any,
+    rank: int,
+    world: int,
+    params: Mapping[str, Any],
+    directory: Path,
+    log: RankLog,
+    deadline: float,
+) -> list[dict[str, Any]]:
+    """Every GPU pair on its own 2-rank communicator, one pair at a time."""
+    size = int(min(params["sizes_mib"][-1], params.get("pair_mib", 256)) * 2**20)
+    token = cp.ones(1, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    results = []
+    for i in range(world):
+        for j in range(i + 1, world):
+            if rank in (i, j):
+                uid = share_unique_id(nccl, directory, f"pair-{i}-{j}", rank == i, deadline)
+                pair = nccl.NcclCommunicator(2, uid, 0 if rank == i else 1)
+                send = cp.full(size // 4, rank + 1, dtype=cp.float32)
+                recv = cp.zeros(size // 4, dtype=cp.float32)
+                seconds = _time_allreduce(
+                    cp,
+                    nccl,
+                    pair,
+                    send,
+                    recv,
+                    size // 4,
+                    int(params["iters"]),
+                    2,
+                    stream,
+                    deadline,
+                    f"all-reduce of GPU pair {i},{j}",
+                )
+                ok = int(cp.count_nonzero(recv != i + j + 2)) == 0
+                results.append({"pair": [i, j], "bytes": size, "seconds": seconds, "ok": ok})
+                pair.destroy()
+            # Barrier on the full communicator: the next pair starts when this one is done.
+            comm.allReduce(
+                token.data.ptr, token.data.ptr, 1, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr
+            )
+            done = cp.cuda.Event()
+            done.record(stream)
+            wait(done, comm, deadline, f"barrier after GPU pair {i},{j}")
+            log.mark(NAME, f"pair {i},{j}")
+    return results
+
+
+def _version(code: int) -> str:
+    # NCCL >= 2.9 encodes X.Y.Z as X*10000 + Y*100 + Z.
+    return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+
+
+def judge(
+    ctx: Context, gpus: list[dict[str, Any]], payloads: Mapping[int, Mapping[str, Any]], world: int
+) -> Result:
+    versions = dict(payloads.get(0, {}).get("versions", {}))
+    timeouts = {r: p["timeout"] for r, p in payloads.items() if p.get("timeout")}
+    if timeouts:
+        rank, text = sorted(timeouts.items())[0]
+        return Result(
+            NAME,
+            ctx.node,
+            Status.FAIL,
+            f"rank {rank}: {text}",
+            versions=versions,
+            details={"timeouts": timeouts},
+        )
+    link = "NVLink" if gpus and all(g.get("nvlink_active") for g in gpus) else "PCIe"
+    model = str(gpus[0].get("name", "")) if gpus else ""
+    spec = link_spec_gbps(ctx.specs, gpus[0], link) if gpus else None
+    eff = nccl_efficiency(ctx.thresholds, model, link)
+    threshold = spec * eff if spec else None
+    factor = bus_factor(world)
+    sweep = []
+    for k, first in enumerate(payloads[0]["sweep"]):
+        seconds = max(p["sweep"][k]["seconds"] for p in payloads.values())
+        algbw = first["bytes"] / seconds / 1e9
+        sweep.append(
+            {
+                "bytes": first["bytes"],
+                "time_us": round(seconds * 1e6, 1),
+                "algbw_gbps": round(algbw, 2),
+                "busbw_gbps": round(algbw * factor, 2),
+            }
+        )
+    largest = sweep[-1]
+    ms = [
+        Measurement("busbw", largest["busbw_gbps"], "GB/s", threshold, "min"),
+        Measurement("algbw", largest["algbw_gbps"], "GB/s"),
+        Measurement("bytes", largest["bytes"], "B"),
+        Measurement("gpus", world),
+    ]
+    problems = [
+        f"rank {r}: {p['wrong_values']} wrong values after all-reduce"
+        for r, p in sorted(payloads.items())
+        if p.get("wrong_values")
+    ]
+    pairs = []
+    # Each pair was measured by both of its ranks: keep the slower one's time.
+    by_pair: dict[tuple[int, int], dict[str, Any]] = {}
+    for p in payloads.values():
+        for item in p.get("pairs", []):
+            key = (item["pair"][0], item["pair"][1])
+            if key not in by_pair or item["seconds"] > by_pair[key]["seconds"]:
+                by_pair[key] = item
+    for (i, j), item in sorted(by_pair.items()):
+        busbw = item["bytes"] / item["seconds"] / 1e9 * bus_factor(2)
+        pairs.append(
+            {
+                "pair": [i, j],
+                "bytes": item["bytes"],
+                "busbw_gbps": round(busbw, 2),
+                "ok": item["ok"],
+            }
+        )
+        ms.append(Measurement(f"pair{i}-{j}.busbw", round(busbw, 2), "GB/s", threshold, "min"))
+        if not item["ok"]:
+            problems.append(f"GPU pair {i},{j}: wrong values")
+        elif threshold is not None and busbw < threshold:
+            problems.append(f"GPU pair {i},{j}: busbw {busbw:.1f} GB/s < {threshold:.1f} ({link})")
+    if threshold is not None and largest["busbw_gbps"] < threshold:
+        problems.append(
+            f"busbw {largest['busbw_gbps']} GB/s at {largest['bytes']} B < {threshold:.1f} GB/s"
+            f" ({link} {spec:.0f} GB/s x {eff})"
+        )
+    details = {
+        "link": link,
+        "efficiency": eff,
+        "link_spec_gbps": spec,
+        "sweep": sweep,
+        "pairs": pairs,
+    }
+    if problems:
+        return Result(
+            NAME, ctx.node, Status.FAIL, "; ".join(problems), ms, versions, details=details
+        )
+    verdict = (
+        f">= {threshold:.1f} GB/s ({link} {spec:.0f} GB/s x {eff})"
+        if threshold is not None
+        else f"not judged: no {link} spec for {model!r} in gpu_specs.yaml"
+    )
+    reason = (
+        f"values verified on {world} GPUs; busbw {largest['busbw_gbps']} GB/s at"
+        f" {largest['bytes'] // 2**20} MiB {verdict}"
+    )
+    return Result(NAME, ctx.node, Status.PASS, reason, ms, versions, details=details)

@@ -1,0 +1,119 @@
+"""`streams`: a host->device copy on one CUDA stream overlapping a GEMM on another, per GPU.
+
+overlap = (t_copy + t_compute - t_both) / min(t_copy, t_compute): 1.0 when the shorter
+one is entirely hidden behind the longer, 0.0 when the two ran one after the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuenv.checks.base import Context, RankLog, fault_point, measurement
+from gpuenv.results import Measurement, Result, Status
+
+NAME = "streams"
+DESCRIPTION = "two CUDA streams: host->device copy overlapping a GEMM; overlap measured and judged"
+
+H2D = 1
+
+
+def _timed(cp: Any, streams: list[Any], work: Any) -> float:
+    """Milliseconds from a common start until the last of ``streams`` finished ``work``."""
+    start = cp.cuda.Event()
+    start.record(streams[0])
+    for s in streams[1:]:
+        s.wait_event(start)
+    work()
+    ends = []
+    for s in streams:
+        e = cp.cuda.Event()
+        e.record(s)
+        ends.append(e)
+    for e in ends:
+        e.synchronize()
+    return max(cp.cuda.get_elapsed_time(start, e) for e in ends)
+
+
+def rank_main(rank: int, world: int, params: Mapping[str, Any], log: RankLog) -> dict[str, Any]:
+    fault_point(NAME, rank)
+    import cupy as cp
+
+    cp.cuda.Device(rank).use()
+    nbytes = int(params["copy_mib"] * 2**20)
+    host = cp.cuda.alloc_pinned_memory(nbytes)
+    dev = cp.cuda.alloc(nbytes)
+    s_copy = cp.cuda.Stream(non_blocking=True)
+    s_comp = cp.cuda.Stream(non_blocking=True)
+    n = 4096
+    a = cp.random.default_rng(3).random((n, n), dtype=cp.float32).astype(cp.float16)
+    b = cp.random.default_rng(4).random((n, n), dtype=cp.float32).astype(cp.float16)
+    c = cp.empty((n, n), dtype=cp.float16)
+
+    def copy() -> None:
+        cp.cuda.runtime.memcpyAsync(dev.ptr, host.ptr, nbytes, H2D, s_copy.ptr)
+
+    reps = 1
+
+    def compute() -> None:
+        with s_comp:
+            for _ in range(reps):
+                cp.matmul(a, b, out=c)
+
+    log.mark(NAME, "alone")
+    _timed(cp, [s_copy, s_comp], lambda: (copy(), compute()))  # warm-up: cuBLAS handle, clocks
+    t_copy = min(_timed(cp, [s_copy], copy) for _ in range(3))
+    t_one = min(_timed(cp, [s_comp], compute) for _ in range(3))
+    # As much compute as copy, so that either one can hide the other completely.
+    reps = max(1, round(t_copy / t_one))
+    t_comp = min(_timed(cp, [s_comp], compute) for _ in range(3))
+    log.mark(NAME, "together")
+    t_both = min(_timed(cp, [s_copy, s_comp], lambda: (copy(), compute())) for _ in range(3))
+    overlap = (t_copy + t_comp - t_both) / min(t_copy, t_comp)
+    # The result of the GEMM must still be right when it ran beside a copy.
+    ref = a[:32].astype(cp.float32) @ b[:, :32].astype(cp.float32)
+    ok = bool(cp.allclose(c[:32, :32].astype(cp.float32), ref, rtol=2e-2, atol=1e-1))
+    return {
+        "t_copy_ms": t_copy,
+        "t_compute_ms": t_comp,
+        "t_both_ms": t_both,
+        "overlap": overlap,
+        "gemm_reps": reps,
+        "errors": [] if ok else ["GEMM on the compute stream gave wrong values"],
+    }
+
+
+def judge(
+    ctx: Context, gpus: list[dict[str, Any]], payloads: Mapping[int, Mapping[str, Any]]
+) -> Result:
+    minimum = float(ctx.thresholds["streams"]["min_overlap"])
+    ms, problems, per_gpu = [], [], []
+    for rank, p in sorted(payloads.items()):
+        m = Measurement(
+            **measurement(f"gpu{rank}.overlap", round(p["overlap"], 3), "", minimum, "min")
+        )
+        ms += [
+            m,
+            Measurement(f"gpu{rank}.t_copy", round(p["t_copy_ms"], 3), "ms"),
+            Measurement(f"gpu{rank}.t_compute", round(p["t_compute_ms"], 3), "ms"),
+            Measurement(f"gpu{rank}.t_both", round(p["t_both_ms"], 3), "ms"),
+        ]
+        problems += [f"GPU{rank}: {e}" for e in p.get("errors", [])]
+        if m.ok() is False:
+            problems.append(
+                f"GPU{rank}: overlap {m.value} < {minimum} (copy and compute serialised)"
+            )
+        per_gpu.append({"rank": rank, **dict(p)})
+    details = {"per_gpu": per_gpu}
+    if problems:
+        return Result(NAME, ctx.node, Status.FAIL, "; ".join(problems), ms, details=details)
+    worst = min(float(m.value) for m in ms[::4])
+    return Result(
+        NAME,
+        ctx.node,
+        Status.PASS,
+        f"copy and compute overlap on {len(payloads)} GPU(s);"
+        f" lowest overlap {worst:.2f} >= {minimum}",
+        ms,
+        details=details,
+    )

@@ -1,0 +1,59 @@
+"""JUnit XML: one <testsuite> per node, one <testcase> per check (CI systems read this)."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuenv.results import Result, Status
+
+
+def to_xml(results: Sequence[Result], suite_name: str = "gpuenv.check") -> ET.Element:
+    root = ET.Element("testsuites", name=suite_name)
+    nodes: dict[str, list[Result]] = {}
+    for r in results:
+        nodes.setdefault(r.node, []).append(r)
+    for node, items in nodes.items():
+        suite = ET.SubElement(
+            root, "testsuite",
+            name=f"{suite_name}.{node}",
+            tests=str(len(items)),
+            failures=str(sum(r.status is Status.FAIL for r in items)),
+            errors=str(sum(r.status is Status.ERROR for r in items)),
+            skipped=str(sum(r.status is Status.SKIP for r in items)),
+            time=f"{sum(r.duration_s for r in items):.3f}",
+            hostname=node,
+        )  # fmt: skip
+        for r in items:
+            case = ET.SubElement(
+                suite, "testcase", classname=f"{suite_name}.{node}", name=r.check,
+                time=f"{r.duration_s:.3f}",
+            )  # fmt: skip
+            if r.measurements or r.versions:
+                props = ET.SubElement(case, "properties")
+                for m in r.measurements:
+                    text = f"{m.value}{(' ' + m.unit) if m.unit else ''}"
+                    if m.threshold is not None and m.bound:
+                        text += f" ({m.bound} {m.threshold:g})"
+                    ET.SubElement(props, "property", name=m.name, value=text)
+                for lib, version in r.versions.items():
+                    ET.SubElement(props, "property", name=f"version.{lib}", value=version)
+            if r.status is Status.FAIL:
+                ET.SubElement(case, "failure", message=r.reason, type="FAIL").text = r.reason
+            elif r.status is Status.ERROR:
+                ET.SubElement(case, "error", message=r.reason, type="ERROR").text = r.reason
+            elif r.status is Status.SKIP:
+                ET.SubElement(case, "skipped", message=r.reason)
+            if r.details:
+                ET.SubElement(case, "system-out").text = json.dumps(
+                    r.details, indent=1, default=str
+                )
+    return root
+
+
+def write(results: Sequence[Result], path: str | Path) -> None:
+    tree = ET.ElementTree(to_xml(results))
+    ET.indent(tree)
+    tree.write(path, encoding="utf-8", xml_declaration=True)
