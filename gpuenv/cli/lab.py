@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from gpuenv.errors import BadInput, EnvironmentProblem
 from gpuenv.lab import settings
 
 if TYPE_CHECKING:
+    import docker
     from rich.progress import Progress as RichProgress
     from rich.progress import TaskID
 
@@ -32,6 +38,54 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_ca_bundle(build)
     build.set_defaults(func=_build)
+
+    up = sub.add_parser("up", help="start a lab of N nodes and write its Ansible inventory")
+    up.add_argument("--nodes", required=True, metavar="N", help=f"1 to {settings.MAX_NODES}")
+    up.add_argument(
+        "--distro",
+        default=settings.DEFAULT_DISTRO,
+        metavar="DISTRO",
+        help=f"{' or '.join(settings.DISTROS)} (default: %(default)s)",
+    )
+    _add_name(up)
+    _add_ca_bundle(up)
+    up.set_defaults(func=_up)
+
+    down = sub.add_parser("down", help="remove a lab's nodes, network and inventory")
+    _add_name(down)
+    down.add_argument(
+        "--purge",
+        action="store_true",
+        help="also remove the images, the cache container and its volume",
+    )
+    down.set_defaults(func=_down)
+
+    status = sub.add_parser("status", help="list labs and their nodes")
+    status.add_argument("--name", help="only this lab")
+    status.set_defaults(func=_status)
+
+    for action, helptext, func in (
+        ("stop", "stop one node (simulates a lost machine)", _stop),
+        ("start", "start a stopped node again (same host keys)", _start),
+    ):
+        parser = sub.add_parser(action, help=helptext)
+        parser.add_argument("node", metavar="NODE", help="node1, node2, ... or <lab>-node1")
+        _add_name(parser)
+        parser.set_defaults(func=func)
+
+    ssh = sub.add_parser("ssh", help="ssh to a node as admin, host key checked")
+    ssh.add_argument("node", metavar="NODE", help="node1, node2, ... or <lab>-node1")
+    ssh.add_argument("command", nargs=argparse.REMAINDER, help="command to run (default: shell)")
+    _add_name(ssh)
+    ssh.set_defaults(func=_ssh)
+
+
+def _add_name(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--name",
+        default=settings.DEFAULT_LAB,
+        help="lab name; docker objects are <name>-node<i>, <name>-net (default: %(default)s)",
+    )
 
 
 def _add_ca_bundle(parser: argparse.ArgumentParser) -> None:
@@ -88,14 +142,128 @@ class _RichProgress:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from gpuenv.lab import build, engine
+    from gpuenv.lab import build
 
     distros = [settings.validate_distro(d) for d in (args.distro or settings.DISTROS)]
-    names = settings.Names.from_env()
-    client = engine.connect()
+    if not args.ca_bundle.is_file():
+        raise BadInput(f"--ca-bundle {args.ca_bundle}: no such file")
+    names, client = _names_and_client()
     with _RichProgress() as progress:
         states = build.build(client, names, Path.cwd(), distros, args.ca_bundle, progress)
     for state in states:
         print(f"{state.tag}  recipe {state.digest}  {'built' if state.built else 'up to date'}")
     print(f"cache {names.cache_container} on network {names.molecule_network} as apt-cache")
     return 0
+
+
+def _names_and_client() -> tuple[settings.Names, docker.DockerClient]:
+    from gpuenv.lab import engine
+
+    names = settings.Names.from_env()
+    return names, engine.connect()
+
+
+def _up(args: argparse.Namespace) -> int:
+    from gpuenv.lab import cluster
+
+    # All input is checked before docker is touched, so bad input creates nothing.
+    nodes = settings.validate_nodes(args.nodes)
+    distro = settings.validate_distro(args.distro)
+    lab = settings.validate_name(args.name)
+    if not args.ca_bundle.is_file():
+        raise BadInput(f"--ca-bundle {args.ca_bundle}: no such file")
+    names, client = _names_and_client()
+    started = time.monotonic()
+    with _RichProgress() as progress:
+        inv = cluster.up(client, names, Path.cwd(), lab, nodes, distro, args.ca_bundle, progress)
+    paths = settings.LabPaths(Path.cwd(), lab)
+    for node in inv.nodes:
+        print(f"{node.name}  {node.ip}  {distro}")
+    print(f"lab {lab} up in {time.monotonic() - started:.1f}s")
+    print(f"inventory: {_rel(paths.hosts_file)}   known_hosts: {_rel(paths.known_hosts)}")
+    print(f"try: ansible all -i {_rel(paths.hosts_file)} -m ansible.builtin.ping")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from gpuenv.lab import cluster
+
+    lab = settings.validate_name(args.name)
+    names, client = _names_and_client()
+    with _RichProgress() as progress:
+        report = cluster.down(client, names, Path.cwd(), lab, args.purge, progress)
+    print(f"lab {lab}: removed {len(report.removed_nodes)} nodes and network {lab}-net")
+    if report.purged:
+        print(f"purged: {', '.join(report.purged)}, images {names.prefix}/*")
+    for problem in report.problems:
+        print(f"not removed: {problem}", file=sys.stderr)
+    return 1 if report.problems else 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuenv.lab import cluster
+
+    names, client = _names_and_client()
+    labs = cluster.status(client, names, Path.cwd())
+    if args.name:
+        labs = [lab for lab in labs if lab.name == settings.validate_name(args.name)]
+    console = Console()
+    if not labs:
+        console.print("no lab is up" + (f" named {args.name!r}" if args.name else ""))
+        return 0
+    table = Table("lab", "node", "state", "address", "distro", "inventory")
+    for lab in labs:
+        for node in lab.nodes:
+            table.add_row(
+                lab.name,
+                node.name,
+                node.state,
+                node.ip or "-",
+                node.distro,
+                _rel(lab.hosts_file) if lab.hosts_file else "-",
+            )
+    console.print(table)
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from gpuenv.lab import cluster
+
+    lab = settings.validate_name(args.name)
+    names, client = _names_and_client()
+    print(f"stopped {cluster.stop_node(client, names, Path.cwd(), lab, args.node)}")
+    return 0
+
+
+def _start(args: argparse.Namespace) -> int:
+    from gpuenv.lab import cluster
+
+    lab = settings.validate_name(args.name)
+    names, client = _names_and_client()
+    entry = cluster.start_node(client, names, Path.cwd(), lab, args.node)
+    print(f"started {entry.name} at {entry.ip} (same host keys)")
+    return 0
+
+
+def _ssh(args: argparse.Namespace) -> int:
+    from gpuenv.lab import cluster
+
+    lab = settings.validate_name(args.name)
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    argv = cluster.ssh_argv(Path.cwd(), lab, args.node, command)
+    if shutil.which("ssh") is None:
+        raise EnvironmentProblem("ssh is not installed: sudo apt-get install openssh-client")
+    os.execvp(argv[0], argv)
+    return 1  # not reached: execvp replaces this process
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
