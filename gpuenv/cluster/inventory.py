@@ -22,6 +22,9 @@ from typing import Any
 from gpuenv.errors import BadInput, EnvironmentProblem
 
 DEFAULT_VENV = "/opt/gpuenv"
+# The defaults of roles/ssh_mesh (ssh_mesh_user) and roles/mpi (mpi_hostfile).
+DEFAULT_CLUSTER_USER = "gpuenv"
+DEFAULT_HOSTFILE = "/etc/gpuenv/mpi-hostfile"
 _INVENTORY_TIMEOUT_S = 120
 
 
@@ -39,7 +42,8 @@ class Host:
     known_hosts: tuple[str, ...] = ()
     python: str = f"{DEFAULT_VENV}/bin/python"
     env: Mapping[str, str] = field(default_factory=dict)
-    become_user: str | None = None  # the cluster user multi-node launchers run as
+    become_user: str | None = None  # the cluster user mpirun runs as (the SSH mesh's user)
+    hostfile: str = DEFAULT_HOSTFILE  # the Open MPI hostfile the mpi role wrote on the node
 
 
 def _ansible_inventory(inventory: str, limit: str | None) -> dict[str, Any]:
@@ -149,7 +153,7 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
     venv = str(hv.get("gpuenv_cluster_venv") or DEFAULT_VENV)
     python = str(hv.get("gpuenv_cluster_python") or f"{venv}/bin/python")
     rendezvous = str(hv.get("gpuenv_cluster_address") or ("127.0.0.1" if local else address))
-    become_user = hv.get("gpuenv_cluster_user")
+    hostfile = str(hv.get("gpuenv_cluster_hostfile") or hv.get("mpi_hostfile") or DEFAULT_HOSTFILE)
     if local:
         return Host(
             name=name,
@@ -158,7 +162,7 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
             local=True,
             python=python,
             env={str(k): str(v) for k, v in env.items()},
-            become_user=str(become_user) if become_user else None,
+            hostfile=hostfile,
         )
     if not _resolves(address):
         raise BadInput(f"host {name}: address {address!r} does not resolve")
@@ -204,17 +208,22 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
             f"host {name}: no known_hosts file (none in ansible_ssh_common_args, "
             "~/.ssh/known_hosts or /etc/ssh/ssh_known_hosts): host keys cannot be verified"
         )
+    user = str(hv["ansible_user"]) if hv.get("ansible_user") else None
+    cluster_user = str(
+        hv.get("gpuenv_cluster_user") or hv.get("ssh_mesh_user") or DEFAULT_CLUSTER_USER
+    )
     return Host(
         name=name,
         address=address,
         rendezvous_address=rendezvous,
         port=port,
-        user=str(hv["ansible_user"]) if hv.get("ansible_user") else None,
+        user=user,
         key_file=key_file,
         known_hosts=tuple(known),
         python=python,
         env={str(k): str(v) for k, v in env.items()},
-        become_user=str(become_user) if become_user else None,
+        become_user=None if cluster_user == user else cluster_user,
+        hostfile=hostfile,
     )
 
 

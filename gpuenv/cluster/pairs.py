@@ -39,6 +39,7 @@ class Isolation:
     unresolved: list[str]
     # One mapping per round: the pairs tested and their bandwidth (None: failed).
     rounds: list[dict[Pair, float | None]] = field(default_factory=list)
+    threshold: float | None = None  # GB/s a pair had to reach
 
     @property
     def ok(self) -> bool:
@@ -56,12 +57,18 @@ def _key(a: str, b: str) -> Pair:
 def isolate(
     nodes: Sequence[str],
     test_round: RoundTester,
-    threshold: float,
+    threshold: float | None = None,
     max_rounds: int = 12,
+    relative: float = 0.5,
 ) -> Isolation:
-    """Name the bad nodes and links among ``nodes`` with as few parallel rounds as possible."""
+    """Name the bad nodes and links among ``nodes`` with as few parallel rounds as possible.
+
+    A pair passes at ``threshold`` GB/s or more; with no threshold, at ``relative`` times the
+    median of round 1 (a slow node stands out against its healthy peers).
+    """
     if len(set(nodes)) != len(nodes):
         raise ValueError("node names must be unique")
+    limit: list[float] = [] if threshold is None else [threshold]
     cleared: set[str] = set()
     bad: set[str] = set()
     tried: set[Pair] = set()  # every pair tested, ordered by _key
@@ -72,9 +79,13 @@ def isolate(
         measured = test_round(pairs)
         outcome = {p: measured.get(p) for p in pairs}
         result.rounds.append(outcome)
+        if not limit:
+            seen = sorted(v for v in outcome.values() if v is not None)
+            limit.append(relative * seen[len(seen) // 2] if seen else float("inf"))
+        result.threshold = limit[0]
         for (a, b), bw in outcome.items():
             tried.add(_key(a, b))
-            if _passes(bw, threshold):
+            if _passes(bw, limit[0]):
                 cleared.update((a, b))
             else:
                 failed.add(_key(a, b))
@@ -107,7 +118,7 @@ def isolate(
             break  # nothing new can be learned
         outcome = run(pairs)
         for pair, suspect in against_cleared.items():
-            if not _passes(outcome[pair], threshold):
+            if not _passes(outcome[pair], limit[0]):
                 bad.add(suspect)
         suspects = [n for n in suspects if n not in cleared and n not in bad]
 

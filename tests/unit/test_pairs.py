@@ -120,3 +120,12 @@ def test_all_pairs_rounds_cover_every_pair_once(n):
         flat = [x for p in r for x in p]
         assert len(flat) == len(set(flat))
     assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+
+
+def test_relative_threshold_from_round_one_median():
+    rng = random.Random(3)
+    bad = set(rng.sample(range(1024), 6))
+    model = Model(1024, slow=bad)
+    found = isolate(model.nodes, model)  # no absolute threshold
+    assert found.threshold == pytest.approx(GOOD / 2)
+    assert found.bad_nodes == model.names(bad)

@@ -1,0 +1,97 @@
+"""Command lines for the real launchers, and the parsing of what their ranks report.
+
+torchrun (``python -m torch.distributed.run``) with c10d rendezvous starts the ranks on every
+node; the master node hosts the rendezvous store (``is_host`` is set explicitly, so several
+emulated nodes on one machine cannot race for it). mpirun starts the MPI ranks from the first
+node over the SSH mesh with the hostfile the ``mpi`` role generated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from gpuenv.cluster.fanout import Outcome
+from gpuenv.cluster.inventory import Host
+from gpuenv.cluster.worker import MARK
+
+
+def torchrun(
+    host: Host,
+    master: Host,
+    nnodes: int,
+    port: int,
+    run_id: str,
+    nproc: int,
+    sizes: Sequence[int],
+    iters: int,
+    steps: int,
+    timeout_s: float,
+) -> str:
+    argv = [
+        host.python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={master.rendezvous_address}:{port}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf=join_timeout={max(10, int(timeout_s))},is_host={int(host is master)}",
+        "--max-restarts=0",
+        "-m",
+        "gpuenv.cluster.worker",
+        "torch",
+        f"--sizes={','.join(str(s) for s in sizes)}",
+        f"--iters={iters}",
+        f"--steps={steps}",
+        f"--timeout={max(10, int(timeout_s))}",
+    ]
+    return shlex.join(argv)
+
+
+def mpirun(master: Host, hosts: Sequence[Host], nbytes: int, iters: int) -> str:
+    """mpirun on the first node; for emulated (local) nodes, all ranks on this machine."""
+    worker = [master.python, "-m", "gpuenv.cluster.worker", "mpi", f"--bytes={nbytes}"]
+    worker += [f"--iters={iters}"]
+    if master.local:
+        argv = ["mpirun", "--oversubscribe", "-np", str(len(hosts)), *worker]
+        env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
+    # One rank per node, on the nodes of the selection only (the hostfile may list more).
+    argv = [
+        "mpirun",
+        "--hostfile",
+        master.hostfile,
+        "--host",
+        ",".join(h.rendezvous_address for h in hosts),
+        "--map-by",
+        "ppr:1:node",
+        "-np",
+        str(len(hosts)),
+        *worker,
+    ]
+    command = shlex.join(argv)
+    if master.become_user:
+        command = shlex.join(["sudo", "-n", "-u", master.become_user, "-H", "bash", "-lc", command])
+    return command
+
+
+def payloads(outcome: Outcome) -> list[dict[str, Any]]:
+    """The GPUENV_RESULT lines a node's ranks printed."""
+    found = []
+    for line in outcome.stdout.splitlines():
+        idx = line.find(MARK)
+        if idx >= 0:
+            try:
+                found.append(json.loads(line[idx + len(MARK) :]))
+            except json.JSONDecodeError:
+                continue
+    return found
+
+
+def run_id(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}"

@@ -1,0 +1,149 @@
+"""Rendezvous preflight, before any multi-node launch: can every node reach the master's port,
+and does the socket interface NCCL (and gloo) are told to use exist on each node?
+
+A launch that fails these would hang until its rendezvous timeout and then blame nobody in
+particular; the preflight names the node and what is wrong in seconds.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuenv.cluster.fanout import Outcome, fan_out
+from gpuenv.cluster.inventory import Host
+from gpuenv.results import Measurement, Result, Status
+
+IFACE_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def iface_matches(spec: str, interfaces: Sequence[str]) -> bool:
+    """Whether an interface of the node fits a NCCL_SOCKET_IFNAME value (NCCL's syntax:
+    comma-separated prefixes; ``=`` for exact names; ``^`` to exclude)."""
+    spec = spec.strip()
+    exclude = spec.startswith("^")
+    spec = spec.lstrip("^")
+    exact = spec.startswith("=")
+    names = [n for n in spec.lstrip("=").split(",") if n]
+
+    def hit(iface: str) -> bool:
+        return any(iface == n if exact else iface.startswith(n) for n in names)
+
+    if exclude:
+        return any(not hit(i) and i != "lo" for i in interfaces)
+    return any(hit(i) for i in interfaces)
+
+
+def iface_problems(host: Host, probe: Mapping[str, Any]) -> list[str]:
+    facts = probe.get("facts", {})
+    interfaces = list(probe.get("interfaces", []))
+    problems = []
+    for var in IFACE_VARS:
+        spec = host.env.get(var) or facts.get(f"env.{var}") or facts.get(f"nccl.conf.{var}")
+        if spec and not iface_matches(str(spec), interfaces):
+            problems.append(f"{var}={spec} matches no interface (has: {', '.join(interfaces)})")
+    return problems
+
+
+def _probe(host: Host, *words: str) -> str:
+    return shlex.join([host.python, "-m", "gpuenv.cluster.probe", *words])
+
+
+def port_reachability(
+    hosts: Sequence[Host], master: Host, port: int, deadline_s: float
+) -> tuple[dict[str, str], Outcome]:
+    """Listen on the master's port; every node (the master too) connects to it.
+
+    Returns the nodes that could not reach it, with why, and the listener's outcome.
+    """
+    listener: dict[str, Outcome] = {}
+
+    def listen() -> None:
+        cmd = _probe(
+            master,
+            "listen",
+            f"--port={port}",
+            f"--expect={len(hosts)}",
+            f"--seconds={deadline_s}",
+        )
+        listener.update(fan_out([master], lambda _h: cmd, deadline_s + 5))
+
+    thread = threading.Thread(target=listen, name="gpuenv-rdzv-listen", daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    addr = master.rendezvous_address
+    outcomes = fan_out(
+        hosts,
+        lambda h: _probe(
+            h,
+            "connect",
+            f"--host={addr}",
+            f"--port={port}",
+            f"--name={h.name}",
+            f"--seconds={deadline_s}",
+        ),
+        deadline_s + 5,
+    )
+    thread.join(deadline_s + 20)
+    failed: dict[str, str] = {}
+    for name, out in outcomes.items():
+        try:
+            answer = out.json() if out.ok else {"reached": False, "error": out.why()}
+        except ValueError as exc:
+            answer = {"reached": False, "error": str(exc)}
+        if not answer.get("reached"):
+            failed[name] = f"cannot reach {addr}:{port} ({answer.get('error', '')})"
+    return failed, listener.get(master.name, Outcome(master.name, None, error="listener lost"))
+
+
+def rendezvous_result(
+    hosts: Sequence[Host],
+    master: Host,
+    port: int,
+    probes: Mapping[str, Mapping[str, Any]],
+    deadline_s: float,
+) -> Result:
+    start = time.monotonic()
+    problems: dict[str, list[str]] = {}
+    for h in hosts:
+        found = iface_problems(h, probes.get(h.name, {}))
+        if found:
+            problems.setdefault(h.name, []).extend(found)
+    unreachable, listener = port_reachability(hosts, master, port, deadline_s)
+    if not listener.ok:
+        problems.setdefault(master.name, []).append(
+            f"cannot listen on port {port}: {listener.why()}"
+        )
+    for name, why in unreachable.items():
+        problems.setdefault(name, []).append(why)
+    details = {
+        "master": master.name,
+        "address": master.rendezvous_address,
+        "port": port,
+        "problems": problems,
+    }
+    measurements = [Measurement("nodes_failing", len(problems), threshold=0, bound="max")]
+    duration = time.monotonic() - start
+    if problems:
+        reason = "; ".join(f"{n}: {', '.join(p)}" for n, p in problems.items())
+        return Result(
+            "rendezvous",
+            "cluster",
+            Status.FAIL,
+            reason,
+            measurements,
+            duration_s=duration,
+            details=details,
+        )
+    return Result(
+        "rendezvous",
+        "cluster",
+        Status.PASS,
+        f"{len(hosts)} nodes reach {master.rendezvous_address}:{port}; socket interfaces exist",
+        measurements,
+        duration_s=duration,
+        details=details,
+    )
