@@ -1,0 +1,77 @@
+import stat
+
+import yaml
+
+from gpuenv.lab import inventory, keys
+from gpuenv.lab.inventory import LabInventory, NodeEntry
+from gpuenv.lab.settings import LabPaths
+
+KEY1 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOne"
+KEY2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITwo"
+
+
+def _inv():
+    return LabInventory(
+        "gpuenv",
+        "trixie",
+        [
+            NodeEntry("gpuenv-node1", "172.30.0.2", [KEY1]),
+            NodeEntry("gpuenv-node2", "172.30.0.3", [KEY2]),
+        ],
+    )
+
+
+def test_hosts_file_is_what_ansible_needs(tmp_path):
+    paths = LabPaths(tmp_path, "gpuenv")
+    inventory.write(_inv(), paths)
+    data = yaml.safe_load(paths.hosts_file.read_text())
+    hosts = data["all"]["children"]["gpu_nodes"]["hosts"]
+    assert hosts["gpuenv-node2"]["ansible_host"] == "172.30.0.3"
+    variables = data["all"]["vars"]
+    assert variables["ansible_user"] == "admin"
+    assert variables["ansible_become"] is True
+    assert variables["gpuenv_lab"] is True
+    assert variables["gpuenv_lab_apt_proxy"] == "http://apt-cache:3142"
+    assert variables["gpuenv_lab_wheelhouse_url"] == "http://apt-cache:8080/"
+    args = variables["ansible_ssh_common_args"]
+    assert f"UserKnownHostsFile={paths.known_hosts.resolve()}" in args
+    assert "StrictHostKeyChecking=yes" in args
+    assert variables["ansible_ssh_private_key_file"] == str(paths.private_key.resolve())
+
+
+def test_known_hosts_lists_each_nodes_own_keys_by_name_and_address(tmp_path):
+    paths = LabPaths(tmp_path, "gpuenv")
+    inventory.write(_inv(), paths)
+    lines = paths.known_hosts.read_text().splitlines()
+    assert lines == [f"gpuenv-node1,172.30.0.2 {KEY1}", f"gpuenv-node2,172.30.0.3 {KEY2}"]
+
+
+def test_written_inventory_loads_back(tmp_path):
+    paths = LabPaths(tmp_path, "gpuenv")
+    inventory.write(_inv(), paths)
+    loaded = inventory.load(paths)
+    assert loaded == _inv()
+    inventory.remove(paths)
+    assert inventory.load(paths) is None
+    assert not paths.inventory_dir.exists()
+
+
+def test_stale_facts_of_recreated_nodes_are_dropped(tmp_path):
+    paths = LabPaths(tmp_path, "gpuenv")
+    paths.fact_cache.mkdir(parents=True)
+    (paths.fact_cache / "gpuenv-node1").write_text("{}")
+    (paths.fact_cache / "other-host").write_text("{}")
+    inventory.clear_facts(paths, ["gpuenv-node1", "gpuenv-node2"])
+    assert not (paths.fact_cache / "gpuenv-node1").exists()
+    assert (paths.fact_cache / "other-host").exists()
+
+
+def test_lab_key_is_private_and_reused(tmp_path):
+    private = tmp_path / ".gpuenv/lab/gpuenv/id_ed25519"
+    public = keys.ensure_key(private)
+    assert public.startswith("ssh-ed25519 ")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert private.read_bytes().startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    private.chmod(0o644)
+    assert keys.ensure_key(private) == public
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600

@@ -1,0 +1,88 @@
+import io
+import tarfile
+
+import pytest
+
+from gpuenv.errors import BadInput
+from gpuenv.lab import recipe
+
+CERT_A = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+CERT_B = b"-----BEGIN CERTIFICATE-----\r\nBBBB\r\n-----END CERTIFICATE-----\r\n"
+
+
+def _node(certs, distro="trixie"):
+    base = recipe.base_recipe(distro)
+    return recipe.node_recipe(f"gpuenv/base:{distro}", base, certs)
+
+
+def test_ca_bundle_is_split_into_one_certificate_a_file():
+    certs = recipe.split_ca_bundle(b"junk\n" + CERT_A + b"# comment\n" + CERT_B, "b.pem")
+    assert len(certs) == 2
+    assert b"\r" not in certs[1]
+    files = {f.path for f in _node(certs).files}
+    assert "usr/local/share/ca-certificates/gpuenv/controller-001.crt" in files
+
+
+def test_bundle_without_certificates_is_bad_input(tmp_path):
+    empty = tmp_path / "empty.pem"
+    empty.write_text("nothing here\n")
+    with pytest.raises(BadInput, match="no PEM certificate"):
+        recipe.read_ca_bundle(empty)
+    with pytest.raises(BadInput, match="cannot read"):
+        recipe.read_ca_bundle(tmp_path / "missing.pem")
+
+
+def test_recipe_hash_is_stable_and_follows_every_input():
+    assert _node([CERT_A]).digest() == _node([CERT_A]).digest()
+    assert _node([CERT_A]).digest() != _node([CERT_A, CERT_B]).digest()
+    assert _node([CERT_A]).digest() != _node([CERT_A], "bookworm").digest()
+    assert recipe.base_recipe("trixie").digest() != recipe.base_recipe("bookworm").digest()
+    changed = recipe.BaseRecipe("trixie", (*recipe.NODE_PACKAGES, "vim"))
+    assert changed.digest() != recipe.base_recipe("trixie").digest()
+
+
+def test_debootstrap_uses_minbase_and_the_debian_archive(tmp_path):
+    argv = recipe.base_recipe("bookworm").debootstrap_argv(tmp_path / "root")
+    assert argv[:2] == ["debootstrap", "--variant=minbase"]
+    assert argv[-3:] == ["bookworm", str(tmp_path / "root"), "http://deb.debian.org/debian"]
+    included = argv[2].removeprefix("--include=").split(",")
+    for package in ("systemd", "systemd-sysv", "openssh-server", "python3", "python3-apt", "sudo"):
+        assert package in included
+
+
+def test_build_context_holds_dockerfile_and_files_with_modes():
+    layer = _node([CERT_A])
+    with tarfile.open(fileobj=io.BytesIO(layer.context())) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        dockerfile = tar.extractfile("Dockerfile").read().decode()
+    assert dockerfile.startswith("FROM gpuenv/base:trixie\n")
+    assert members["rootfs/usr/local/lib/gpuenv/apt-proxy-detect"].mode == 0o755
+    assert members["rootfs/etc/sudoers.d/admin"].mode == 0o440
+    # Same recipe, same bytes: docker can reuse its build cache.
+    assert layer.context() == _node([CERT_A]).context()
+
+
+def test_node_image_generates_host_keys_per_container_not_at_build():
+    layer = _node([CERT_A])
+    assert "rm -f /etc/ssh/ssh_host_*" in layer.dockerfile
+    unit = next(f for f in layer.files if f.path.endswith("gpuenv-ssh-hostkeys.service"))
+    text = unit.content.decode()
+    assert "Before=ssh.service" in text
+    assert "ExecStart=/usr/bin/ssh-keygen -A" in text
+
+
+def test_apt_proxy_detection_falls_back_to_direct():
+    layer = _node([CERT_A])
+    detect = next(f for f in layer.files if f.path.endswith("apt-proxy-detect")).content.decode()
+    assert "echo http://apt-cache:3142" in detect
+    assert "echo DIRECT" in detect
+    conf = next(f for f in layer.files if f.path == "etc/apt/apt.conf.d/01gpuenv-proxy")
+    assert b"Acquire::http::Proxy-Auto-Detect" in conf.content
+
+
+def test_cache_image_installs_apt_cacher_ng_and_serves_wheels():
+    layer = recipe.cache_recipe("gpuenv/base:trixie", recipe.base_recipe("trixie"))
+    assert "apt-cacher-ng" in layer.dockerfile
+    entry = layer.files[0].content.decode()
+    assert "http.server 8080" in entry
+    assert "/srv/wheels" in entry
