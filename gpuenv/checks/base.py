@@ -166,9 +166,16 @@ def wait_gate(timeout_s: float = 3600.0) -> None:
 
 
 def rank_deadline() -> float:
-    """Monotonic time at which a rank stops waiting for its peers by itself."""
+    """Monotonic time at which a rank stops waiting for its peers by itself.
+
+    The parent's deadline runs from the moment it opened the gate (the gate file's
+    mtime), so a rank that was slow to start has less time left, not a fresh deadline.
+    """
     total = float(os.environ.get(DEADLINE_ENV, "60"))
-    return time.monotonic() + max(1.0, total - RANK_MARGIN_S)
+    gate = os.environ.get(GATE_ENV)
+    opened = os.stat(gate).st_mtime if gate and os.path.exists(gate) else time.time()
+    remaining = opened + total - time.time() - RANK_MARGIN_S
+    return time.monotonic() + max(1.0, remaining)
 
 
 def measurement(

@@ -38,9 +38,9 @@ def _kernels(cp: Any, np: Any) -> list[str]:
     """Run the small kernels; return what was wrong (empty: all verified)."""
     errors = []
     n = 1 << 20
-    a = cp.arange(n, dtype=cp.float32)
-    if float(a.sum()) != float(n) * (n - 1) / 2:
+    if int(cp.arange(n, dtype=cp.int64).sum()) != n * (n - 1) // 2:
         errors.append("arange/sum on the device gave a wrong total")
+    a = cp.arange(n, dtype=cp.float32)  # exact: n < 2**24
     axpy = cp.ElementwiseKernel("float32 x, float32 y", "float32 z", "z = 2.0f * x + y", "axpy")
     z = axpy(a, cp.ones_like(a))
     if not bool(cp.all(z == 2 * a + 1)):

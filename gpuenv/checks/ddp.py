@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuenv.checks.base import (
-    DEADLINE_ENV,
     EVENT_DIR_ENV,
     Context,
     RankLog,
     fault_point,
     module_version,
+    rank_deadline,
     wait_gate,
 )
 from gpuenv.results import Measurement, Result, Status
@@ -108,7 +108,6 @@ def rank_main(argv: Sequence[str]) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     wait_gate()
-    deadline = float(os.environ.get(DEADLINE_ENV, "120"))
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.set_device(local)
@@ -117,8 +116,9 @@ def rank_main(argv: Sequence[str]) -> int:
     else:
         device = torch.device("cpu")
         backend, din, hidden, batch = "gloo", 32, 64, 64
-    # Below the deadline, so a rank blocked on a missing peer errors out by itself.
-    timeout = timedelta(seconds=max(5.0, deadline - 10.0))
+    # Below the parent's deadline, so a rank blocked on a missing peer errors out by itself
+    # (NCCL's watchdog aborts the communicator; gloo raises) and says so before being killed.
+    timeout = timedelta(seconds=max(2.0, rank_deadline() - time.monotonic()))
     kwargs: dict[str, Any] = {"device_id": device} if cuda else {}
     dist.init_process_group(backend, timeout=timeout, **kwargs)
     log.mark(NAME, "process group")

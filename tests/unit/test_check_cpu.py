@@ -1,0 +1,81 @@
+"""`gpuenv check` on a machine without a GPU, end to end with real torchrun and mpirun."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gpuenv.checks.system import probe
+
+pytestmark = [
+    pytest.mark.skipif(probe().get("available", False), reason="this machine has a GPU"),
+    pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed"),
+]
+
+
+def _gpuenv(args, env_extra=None, timeout=120):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuenv", "check", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def test_cpu_node_skips_gpu_checks_and_passes_ddp_and_mpi(tmp_path):
+    out = tmp_path / "r.json"
+    done = _gpuenv(["--json", str(out), "--junit", str(tmp_path / "r.xml")])
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = {r["check"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(results) == ["system", "cupy", "streams", "nccl", "ddp", "mpi"]
+    for name in ("system", "cupy", "streams", "nccl"):
+        assert results[name]["status"] == "SKIP"
+        assert results[name]["reason"].startswith("no NVIDIA GPU visible")
+    assert results["ddp"]["status"] == "PASS", results["ddp"]
+    assert results["ddp"]["details"]["backend"] == "gloo"
+    assert "2 ranks" in results["ddp"]["reason"]
+    assert results["mpi"]["status"] == "PASS", results["mpi"]
+    assert results["mpi"]["details"]["path"] == "numpy"
+    assert "2 ranks" in results["mpi"]["reason"]
+
+
+def _leftovers(tag: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if tag.encode() in env and stat[stat.rfind(")") + 2] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def test_hung_ddp_rank_fails_in_time_is_named_and_leaves_nothing(tmp_path):
+    tag = str(uuid.uuid4())
+    out = tmp_path / "r.json"
+    t0 = time.monotonic()
+    done = _gpuenv(
+        ["--only", "ddp", "--deadline", "15", "--json", str(out)],
+        {"GPUENV_FAULT": "hang:rank=1:check=ddp", "GPUENV_TEST_TAG": tag},
+    )
+    elapsed = time.monotonic() - t0
+    assert done.returncode == 1, done.stdout + done.stderr
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["status"] == "FAIL"
+    assert "rank 1" in result["reason"] and "did not join" in result["reason"]
+    assert result["details"]["ranks_behind"] == [1]
+    assert elapsed < 15 + 10
+    time.sleep(0.3)
+    assert _leftovers(tag) == []

@@ -1,0 +1,134 @@
+import pytest
+
+from gpuenv.checks import nccl
+from gpuenv.checks.base import Context
+from gpuenv.checks.thresholds import (
+    link_spec_gbps,
+    load_specs,
+    load_thresholds,
+    match_model,
+    nccl_efficiency,
+    pcie_gbps,
+)
+from gpuenv.errors import BadInput
+from gpuenv.results import Status
+
+H200 = {"name": "NVIDIA H200", "nvlink_active": 18, "pcie_max_gen": 5, "pcie_max_width": 16}
+
+
+def _ctx(thresholds=None):
+    return Context(node="n1", thresholds=thresholds or load_thresholds(), specs=load_specs())
+
+
+def _payloads(busbw_gbps, world=2, sizes=(64 * 2**20, 2**30)):
+    """Rank payloads whose slowest rank gives ``busbw_gbps`` at every size."""
+    factor = nccl.bus_factor(world)
+    sweep = [{"bytes": b, "seconds": b / (busbw_gbps / factor * 1e9)} for b in sizes]
+    return {
+        r: {"sweep": sweep, "wrong_values": 0, "pairs": [], "versions": {}} for r in range(world)
+    }
+
+
+def test_bus_factor_matches_nccl_tests():
+    assert nccl.bus_factor(2) == 1.0
+    assert nccl.bus_factor(8) == pytest.approx(1.75)
+
+
+def test_h200_nvlink_threshold_is_spec_times_efficiency():
+    t, s = load_thresholds(), load_specs()
+    assert link_spec_gbps(s, H200, "NVLink") == 450
+    assert nccl_efficiency(t, "NVIDIA H200", "NVLink") == 0.6
+
+
+def test_pcie_gen5_x16_bandwidth():
+    assert pcie_gbps(load_specs(), 5, 16) == pytest.approx(63.0, abs=0.1)
+    assert pcie_gbps(load_specs(), 9, 16) is None
+
+
+def test_longest_model_key_wins():
+    table = {"A10": 1, "A100-SXM4": 2, "default": 3}
+    assert match_model(table, "NVIDIA A100-SXM4-80GB") == "A100-SXM4"
+    assert match_model(table, "NVIDIA A10") == "A10"
+    assert match_model(table, "Tesla T4") is None
+
+
+def test_nccl_passes_above_and_fails_below_the_threshold():
+    good = nccl.judge(_ctx(), [H200, H200], _payloads(330.0), 2)
+    assert good.status is Status.PASS
+    busbw = next(m for m in good.measurements if m.name == "busbw")
+    assert busbw.threshold == pytest.approx(270.0) and busbw.bound == "min"
+    bad = nccl.judge(_ctx(), [H200, H200], _payloads(200.0), 2)
+    assert bad.status is Status.FAIL
+    assert "270.0" in bad.reason and "NVLink" in bad.reason
+
+
+def test_wrong_values_fail_even_when_fast():
+    payloads = _payloads(330.0)
+    payloads[1]["wrong_values"] = 3
+    result = nccl.judge(_ctx(), [H200, H200], payloads, 2)
+    assert result.status is Status.FAIL and "rank 1" in result.reason
+
+
+def test_slow_pair_is_named():
+    payloads = _payloads(330.0, world=3)
+    fast, slow = 2**28 / 330e9, 2**28 / 100e9
+    payloads[0]["pairs"] = [
+        {"pair": [0, 1], "bytes": 2**28, "seconds": fast, "ok": True},
+        {"pair": [0, 2], "bytes": 2**28, "seconds": slow, "ok": True},
+    ]
+    result = nccl.judge(_ctx(), [H200] * 3, payloads, 3)
+    assert result.status is Status.FAIL
+    assert "GPU pair 0,2" in result.reason and "0,1" not in result.reason
+
+
+def test_user_override_changes_the_verdict(tmp_path):
+    override = tmp_path / "t.yaml"
+    override.write_text('nccl:\n  efficiency:\n    "NVIDIA H200": {NVLink: 0.8}\n')
+    thresholds = load_thresholds(override)
+    assert nccl_efficiency(thresholds, "NVIDIA H200", "NVLink") == 0.8
+    assert nccl_efficiency(thresholds, "NVIDIA A100-SXM4-80GB", "NVLink") == 0.6
+    result = nccl.judge(_ctx(thresholds), [H200, H200], _payloads(330.0), 2)
+    assert result.status is Status.FAIL  # 330 < 450 x 0.8 = 360
+
+
+def test_override_keeps_unmentioned_keys(tmp_path):
+    override = tmp_path / "t.yaml"
+    override.write_text("deadlines_s:\n  nccl: 42\n")
+    thresholds = load_thresholds(override)
+    assert thresholds["deadlines_s"]["nccl"] == 42
+    assert thresholds["deadlines_s"]["ddp"] == load_thresholds()["deadlines_s"]["ddp"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("deadlines_s: [1, 2\n", "not valid YAML"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("nccl:\n  efficiencies: {}\n", "unknown key 'nccl.efficiencies'"),
+        ("deadlines_s:\n  nccl: -5\n", "deadlines_s.nccl must be a number > 0"),
+        ("deadlines_s:\n  nccl: soon\n", "deadlines_s.nccl"),
+        ("nccl:\n  efficiency:\n    H200: {Infiniband: 0.5}\n", "unknown link type"),
+        ("nccl:\n  efficiency:\n    H200: {NVLink: 7}\n", "must be in (0, 1.5]"),
+        ("cupy:\n  gemm_efficiency: 3\n", "cupy.gemm_efficiency"),
+    ],
+)
+def test_malformed_thresholds_are_bad_input(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(BadInput) as exc:
+        load_thresholds(path)
+    assert message in str(exc.value)
+    assert str(path) in str(exc.value)
+
+
+def test_missing_thresholds_file_is_bad_input(tmp_path):
+    with pytest.raises(BadInput, match="cannot read"):
+        load_thresholds(tmp_path / "nope.yaml")
+
+
+def test_every_spec_model_cites_a_source():
+    specs = load_specs()
+    for name, model in specs["models"].items():
+        assert model.get("source"), name
+        assert model["fp16_dense_tflops"] > 0, name
+    assert specs["pcie"]["source"]

@@ -1,0 +1,114 @@
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from gpuenv.checks import base as B
+from gpuenv.runner import run_with_deadline
+
+
+def _procs_with(tag: str) -> list[int]:
+    """Processes whose environment carries ``tag`` (ours, started by the test)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if tag.encode() in env and stat[stat.rfind(")") + 2] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def test_hanging_process_tree_is_killed_at_the_deadline(tmp_path):
+    tag = f"GPUENV_TEST_TAG={uuid.uuid4()}"
+    key, value = tag.split("=")
+    # A child that starts a grandchild in its own process group, then both hang.
+    script = (
+        "import os, subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+        " preexec_fn=os.setpgrp)\n"
+        "time.sleep(600)\n"
+    )
+    t0 = time.monotonic()
+    outcome = run_with_deadline(
+        [sys.executable, "-c", script], 1.5, tmp_path / "log", env={**os.environ, key: value}
+    )
+    elapsed = time.monotonic() - t0
+    assert outcome.timed_out
+    assert elapsed < 1.5 + 4  # SIGTERM, grace, SIGKILL: well inside deadline + 10 s
+    time.sleep(0.2)
+    assert _procs_with(tag) == []
+
+
+def test_process_that_is_killed_reports_the_signal(tmp_path):
+    script = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    outcome = run_with_deadline([sys.executable, "-c", script], 10, tmp_path / "log")
+    assert not outcome.timed_out
+    assert outcome.returncode == -signal.SIGKILL
+    assert outcome.elapsed_s < 5
+
+
+def test_process_that_ignores_sigterm_is_killed(tmp_path):
+    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    t0 = time.monotonic()
+    outcome = run_with_deadline([sys.executable, "-c", script], 1.0, tmp_path / "log")
+    assert outcome.timed_out
+    assert outcome.returncode == -signal.SIGKILL
+    assert time.monotonic() - t0 < 1.0 + 4
+
+
+def test_finished_process_passes_and_output_is_logged(tmp_path):
+    outcome = run_with_deadline([sys.executable, "-c", "print('hello')"], 10, tmp_path / "log")
+    assert (outcome.returncode, outcome.timed_out) == (0, False)
+    assert (tmp_path / "log").read_text().strip() == "hello"
+
+
+def _events(tmp_path, marks):
+    for rank, stages in marks.items():
+        log = B.RankLog(tmp_path, rank)
+        for stage in stages:
+            log.mark("nccl", stage)
+    return B.read_events(tmp_path)
+
+
+def test_the_rank_that_never_joined_is_named(tmp_path):
+    events = _events(
+        tmp_path,
+        {0: ["start", "communicator", "64 MiB enqueued"], 1: ["start", "communicator"]},
+    )
+    behind, last = B.ranks_behind(events, "nccl", 2)
+    assert behind == [1]
+    assert last[1] == "communicator"
+
+
+def test_a_rank_without_any_event_is_behind(tmp_path):
+    events = _events(tmp_path, {0: ["start"], 2: ["start"]})
+    behind, last = B.ranks_behind(events, "nccl", 3)
+    assert behind == [1]
+    assert last[1] == "not started"
+
+
+def test_torn_event_line_is_ignored(tmp_path):
+    B.RankLog(tmp_path, 0).mark("ddp", "start")
+    with open(tmp_path / "rank0.jsonl", "a") as fh:
+        fh.write('{"ev": "mark", "che')
+    assert len(B.read_events(tmp_path)[0]) == 1
+
+
+def test_fault_switch_parsing():
+    faults = B.parse_faults("hang:rank=1:check=nccl; kill:rank=0:check=ddp")
+    assert faults == [B.Fault("hang", 1, "nccl"), B.Fault("kill", 0, "ddp")]
+    assert B.parse_faults("") == []
+
+
+def test_fault_switch_rejects_garbage():
+    import pytest
+
+    with pytest.raises(ValueError, match="GPUENV_FAULT"):
+        B.parse_faults("explode:rank=1")
