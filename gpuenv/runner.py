@@ -73,6 +73,24 @@ def session_members(leader: int) -> set[int]:
     return {p for p in members if p in table or p == leader}
 
 
+def processes_with_env(key: str, value: str) -> list[int]:
+    """Live processes (not zombies) whose environment holds ``key=value``: leftovers."""
+    needle = f"{key}={value}".encode()
+    found = []
+    table = _proc_table()
+    for pid in table:
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env:
+            found.append(pid)
+    return found
+
+
 def kill_session(leader: int, grace_s: float = KILL_GRACE_S) -> None:
     """SIGTERM then SIGKILL the leader's process group, session and descendants."""
     for sig in (signal.SIGTERM, signal.SIGKILL):

@@ -7,11 +7,11 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from gpuenv.checks.system import probe
+from gpuenv.runner import processes_with_env
 
 pytestmark = [
     pytest.mark.skipif(probe().get("available", False), reason="this machine has a GPU"),
@@ -47,21 +47,6 @@ def test_cpu_node_skips_gpu_checks_and_passes_ddp_and_mpi(tmp_path):
     assert "2 ranks" in results["mpi"]["reason"]
 
 
-def _leftovers(tag: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if tag.encode() in env and stat[stat.rfind(")") + 2] != "Z":
-            found.append(int(entry))
-    return found
-
-
 def test_hung_ddp_rank_fails_in_time_is_named_and_leaves_nothing(tmp_path):
     tag = str(uuid.uuid4())
     out = tmp_path / "r.json"
@@ -78,4 +63,4 @@ def test_hung_ddp_rank_fails_in_time_is_named_and_leaves_nothing(tmp_path):
     assert result["details"]["ranks_behind"] == [1]
     assert elapsed < 15 + 10
     time.sleep(0.3)
-    assert _leftovers(tag) == []
+    assert processes_with_env("GPUENV_TEST_TAG", tag) == []

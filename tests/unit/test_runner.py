@@ -3,31 +3,13 @@ import signal
 import sys
 import time
 import uuid
-from pathlib import Path
 
 from gpuenv.checks import base as B
-from gpuenv.runner import run_with_deadline
-
-
-def _procs_with(tag: str) -> list[int]:
-    """Processes whose environment carries ``tag`` (ours, started by the test)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if tag.encode() in env and stat[stat.rfind(")") + 2] != "Z":
-            found.append(int(entry))
-    return found
+from gpuenv.runner import processes_with_env, run_with_deadline
 
 
 def test_hanging_process_tree_is_killed_at_the_deadline(tmp_path):
-    tag = f"GPUENV_TEST_TAG={uuid.uuid4()}"
-    key, value = tag.split("=")
+    key, value = "GPUENV_TEST_TAG", str(uuid.uuid4())
     # A child that starts a grandchild in its own process group, then both hang.
     script = (
         "import os, subprocess, sys, time\n"
@@ -43,7 +25,7 @@ def test_hanging_process_tree_is_killed_at_the_deadline(tmp_path):
     assert outcome.timed_out
     assert elapsed < 1.5 + 4  # SIGTERM, grace, SIGKILL: well inside deadline + 10 s
     time.sleep(0.2)
-    assert _procs_with(tag) == []
+    assert processes_with_env(key, value) == []
 
 
 def test_process_that_is_killed_reports_the_signal(tmp_path):
