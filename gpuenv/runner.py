@@ -281,9 +281,8 @@ def _gpu_stage(
         name = pending[0]
         events = B.read_events(events_dir)
         payloads = B.rank_results(events, name)
-        if name not in started and (
-            payloads or any(e.get("check") == name for items in events.values() for e in items)
-        ):
+        if name not in started:
+            # The clock of a check starts when the one before it ended (or at launch).
             started[name] = time.monotonic()
             run.progress(name, "running")
         if len(payloads) == world:
@@ -295,7 +294,7 @@ def _gpu_stage(
         dead = {
             r: x.poll() for r, x in enumerate(ranks) if x.poll() is not None and r not in payloads
         }
-        expired = name in started and time.monotonic() - started[name] > ctx.deadline(name)
+        expired = time.monotonic() - started[name] > ctx.deadline(name)
         if dead or expired:
             if dead:
                 # Let a peer that saw the failure report it (it aborts within its margin).
@@ -324,6 +323,9 @@ def _gpu_stage(
                 ]
                 if timeouts:
                     text += "; " + "; ".join(timeouts)
+                error = _error_from(payloads)
+                if error:
+                    text += f"; {error}"
                 text += "; process group killed"
             duration = time.monotonic() - started.get(name, time.monotonic())
             results[name] = Result(

@@ -103,11 +103,14 @@ def ranks_behind(
     counts: dict[int, int] = {}
     last: dict[int, str] = {}
     for rank in range(world):
-        marks = [
-            e for e in events.get(rank, []) if e.get("ev") == "mark" and e.get("check") == check
-        ]
-        counts[rank] = len(marks)
-        last[rank] = marks[-1]["stage"] if marks else "not started"
+        steps = [e for e in events.get(rank, []) if e.get("check") == check]
+        # A posted result is one more step: that rank got further than one still working.
+        counts[rank] = len(steps)
+        last[rank] = (
+            ("finished" if steps[-1].get("ev") == "result" else steps[-1]["stage"])
+            if steps
+            else "not started"
+        )
     furthest = max(counts.values(), default=0)
     behind = [r for r in range(world) if counts[r] < furthest]
     return behind, last

@@ -110,6 +110,9 @@ def rank_main(
     send = cp.full(max_count, rank + 1, dtype=cp.float32)
     recv = cp.zeros(max_count, dtype=cp.float32)
     stream = cp.cuda.Stream(non_blocking=True)
+    # The buffers were filled on the legacy default stream, which a non-blocking stream
+    # does not wait for.
+    cp.cuda.Device().synchronize()
     iters, warmup = int(params["iters"]), int(params["warmup"])
     sweep = []
     try:
@@ -168,6 +171,7 @@ def _pairs(
                 pair = nccl.NcclCommunicator(2, uid, 0 if rank == i else 1)
                 send = cp.full(size // 4, rank + 1, dtype=cp.float32)
                 recv = cp.zeros(size // 4, dtype=cp.float32)
+                cp.cuda.Device().synchronize()  # filled on the default stream
                 seconds = _time_allreduce(
                     cp,
                     nccl,

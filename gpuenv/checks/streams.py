@@ -49,6 +49,7 @@ def rank_main(rank: int, world: int, params: Mapping[str, Any], log: RankLog) ->
     a = cp.random.default_rng(3).random((n, n), dtype=cp.float32).astype(cp.float16)
     b = cp.random.default_rng(4).random((n, n), dtype=cp.float32).astype(cp.float16)
     c = cp.empty((n, n), dtype=cp.float16)
+    cp.cuda.Device().synchronize()  # a, b were made on the default stream
 
     def copy() -> None:
         cp.cuda.runtime.memcpyAsync(dev.ptr, host.ptr, nbytes, H2D, s_copy.ptr)
