@@ -159,7 +159,7 @@ class _SSH:
             config=Config(ssh_config=paramiko.SSHConfig()),
             connect_timeout=max(1, int(timeout_s)),
             connect_kwargs={
-                "key_filename": h.key_file,
+                "key_filename": [h.key_file] if h.key_file else [],
                 "look_for_keys": h.key_file is None,
                 "allow_agent": h.key_file is None,
                 "banner_timeout": timeout_s,

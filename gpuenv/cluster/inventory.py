@@ -232,25 +232,21 @@ def load(inventory: str, limit: str | None = None) -> list[Host]:
     path = Path(inventory)
     if not path.exists():
         raise BadInput(f"inventory {inventory} does not exist")
-    full = _ansible_inventory(inventory, None)
-    groups = _groups(full)
-    everyone = _hosts_in(full, "all")
-    if not everyone:
-        raise BadInput(f"inventory {inventory} has no hosts (groups: {', '.join(groups)})")
-    if limit:
-        if limit in groups and not _hosts_in(full, limit):
-            raise BadInput(f"group {limit!r} in inventory {inventory} is empty")
-        data = _ansible_inventory(inventory, limit)
-    else:
-        data = full
+    # One ansible-inventory call: with --limit its output still lists every group (as a child
+    # of another), so an empty group and a pattern that matches nothing can be told apart.
+    data = _ansible_inventory(inventory, limit)
+    groups = _groups(data)
     hostvars: Mapping[str, Mapping[str, Any]] = data.get("_meta", {}).get("hostvars", {})
     names = _hosts_in(data, "all")
     if not names:
-        raise BadInput(
-            f"limit {limit!r} matches no host in inventory {inventory} "
-            f"(groups: {', '.join(groups)}; hosts: {', '.join(everyone[:10])}"
-            f"{', ...' if len(everyone) > 10 else ''})"
-        )
+        if limit and limit in groups:
+            raise BadInput(f"group {limit!r} in inventory {inventory} is empty")
+        if limit:
+            raise BadInput(
+                f"limit {limit!r} matches no host in inventory {inventory} "
+                f"(groups: {', '.join(groups)})"
+            )
+        raise BadInput(f"inventory {inventory} has no hosts (groups: {', '.join(groups)})")
     # Relative key and known_hosts paths mean what they mean to ansible: relative to the cwd.
     return [_host(n, hostvars.get(n, {}), Path.cwd()) for n in names]
 

@@ -1,0 +1,127 @@
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+
+import paramiko
+import pytest
+
+from gpuenv.cluster.fanout import fan_out, shell_command
+from gpuenv.cluster.inventory import Host
+
+
+def local(name, **kw):
+    return Host(name=name, address=name, rendezvous_address="127.0.0.1", local=True, **kw)
+
+
+def processes_with(marker):
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_local_commands_run_with_the_host_environment():
+    hosts = [local("a", env={"GPUENV_T": "one"}), local("b", env={"GPUENV_T": "two"})]
+    out = fan_out(hosts, lambda h: shell_command(["sh", "-c", 'echo "$GPUENV_T"']), 10)
+    assert [out[n].stdout.strip() for n in ("a", "b")] == ["one", "two"]
+    assert all(o.ok for o in out.values())
+
+
+def test_a_hung_node_is_named_within_its_deadline_and_leaves_no_process():
+    marker = f"gpuenv-hang-{uuid.uuid4().hex}"
+    # The hung command starts a grandchild too, as a launcher would.
+    hang = f"(exec -a {marker} sleep 300) & exec -a {marker} sleep 300"
+    hosts = [local("fine"), local("stuck")]
+    start = time.monotonic()
+    out = fan_out(hosts, lambda h: "true" if h.name == "fine" else hang, 1.5)
+    elapsed = time.monotonic() - start
+    assert out["fine"].ok
+    assert out["stuck"].rc is None and "did not finish within 2 s" in out["stuck"].why()
+    assert elapsed < 10
+    time.sleep(0.2)
+    assert processes_with(marker) == []
+
+
+def test_an_unreachable_ssh_node_is_named_quickly(tmp_path):
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    host = Host("down", "127.0.0.1", "127.0.0.1", port=port, user="x", known_hosts=(str(kh),))
+    start = time.monotonic()
+    out = fan_out([host], lambda h: "true", 5)["down"]
+    assert out.rc is None and "unreachable at 127.0.0.1" in out.why()
+    assert time.monotonic() - start < 5
+
+
+class _Server(paramiko.ServerInterface):
+    def check_auth_password(self, username, password):
+        return paramiko.AUTH_SUCCESSFUL
+
+    def get_allowed_auths(self, username):
+        return "password"
+
+    def check_channel_request(self, kind, chanid):
+        return paramiko.OPEN_SUCCEEDED
+
+
+@pytest.fixture
+def ssh_server():
+    """A loopback SSH server with a fresh host key; it only completes the key exchange."""
+    host_key = paramiko.ECDSAKey.generate()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            t = paramiko.Transport(conn)
+            t.add_server_key(host_key)
+            with contextlib.suppress(paramiko.SSHException, EOFError):
+                t.start_server(server=_Server())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield port, host_key
+    stop.set()
+    thread.join(2)
+    listener.close()
+
+
+def test_unknown_host_key_is_refused(tmp_path, ssh_server):
+    port, _ = ssh_server
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    host = Host("n1", "127.0.0.1", "127.0.0.1", port=port, user="u", known_hosts=(str(kh),))
+    out = fan_out([host], lambda h: "true", 10)["n1"]
+    assert out.rc is None
+    assert "is not in" in out.why() and "refused" in out.why()
+    assert kh.read_text() == ""  # never added
+
+
+def test_changed_host_key_is_refused(tmp_path, ssh_server):
+    port, _ = ssh_server
+    other = paramiko.ECDSAKey.generate()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{port} {other.get_name()} {other.get_base64()}\n")
+    host = Host("n1", "127.0.0.1", "127.0.0.1", port=port, user="u", known_hosts=(str(kh),))
+    out = fan_out([host], lambda h: "true", 10)["n1"]
+    assert out.rc is None and "CHANGED" in out.why()

@@ -1,0 +1,68 @@
+import json
+import sys
+import time
+import uuid
+
+from test_cluster_fanout import processes_with
+
+from gpuenv.cluster import runner
+from gpuenv.cluster.inventory import Host
+from gpuenv.results import Status
+
+
+def emulated(name, python=sys.executable, **kw):
+    return Host(name, name, "127.0.0.1", local=True, python=python, **kw)
+
+
+def by(run, check, node="cluster"):
+    return next(r for r in run.results if r.check == check and r.node == node)
+
+
+FAST = runner.Options(stages=("consistency", "rendezvous"), probe_deadline_s=3, port=0)
+
+
+def opts(**kw):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return runner.Options(**{**FAST.__dict__, "port": port, **kw})
+
+
+def test_a_node_with_another_nccl_setting_is_named():
+    hosts = [
+        emulated("a", env={"NCCL_IB_DISABLE": "1"}),
+        emulated("b", env={"NCCL_IB_DISABLE": "0"}),
+        emulated("c", env={"NCCL_IB_DISABLE": "1"}),
+    ]
+    run = runner.validate(hosts, opts())
+    r = by(run, "consistency")
+    assert r.status is Status.FAIL
+    assert "env.NCCL_IB_DISABLE: 1 on a, c; 0 on b" in r.reason
+    assert by(run, "rendezvous").status is Status.PASS
+    assert json.loads(json.dumps(run.to_dict()))["ok"] is False
+
+
+def test_a_stopped_node_is_named_by_the_deadline_and_the_rest_go_on(tmp_path):
+    marker = f"gpuenv-stopped-{uuid.uuid4().hex}"
+    frozen = tmp_path / "python"
+    frozen.write_text(f"#!/bin/bash\nexec -a {marker} sleep 600\n")
+    frozen.chmod(0o755)
+    hosts = [emulated("a"), emulated("b"), emulated("dead", python=str(frozen))]
+    start = time.monotonic()
+    run = runner.validate(hosts, opts())
+    assert time.monotonic() - start < 20
+    reach = by(run, "reach", "dead")
+    assert reach.status is Status.FAIL and "did not finish within 3 s" in reach.reason
+    assert by(run, "consistency").status is Status.PASS
+    rdzv = by(run, "rendezvous")
+    assert rdzv.status is Status.PASS and "without dead" in rdzv.reason
+    assert not run.to_dict()["ok"]
+    assert processes_with(marker) == []
+
+
+def test_multi_node_stages_skip_with_one_node():
+    run = runner.validate([emulated("solo")], opts(stages=("rendezvous", "torch")))
+    assert by(run, "rendezvous").status is Status.SKIP
+    assert "need 2" in by(run, "torch").reason
