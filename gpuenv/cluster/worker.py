@@ -155,7 +155,7 @@ def run_mpi(nbytes: int, iters: int) -> None:
                 "bytes": nbytes,
                 "algbw_gbps": algbw,
                 "busbw_gbps": busbw,
-                "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+                "mpi": MPI.Get_library_version().splitlines()[0].strip().rstrip("\x00"),
             }
         )
     else:

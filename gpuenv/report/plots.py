@@ -74,19 +74,15 @@ def pair_matrix(nodes: Sequence[str], matrix: Mapping[tuple[str, str], float | N
     fig.colorbar(image, ax=ax, label="busbw (GB/s)", shrink=0.8)
     ax.set_xticks(range(n), nodes, rotation=45, ha="right")
     ax.set_yticks(range(n), nodes)
+    top = max((v for row in grid for v in row if not math.isnan(v)), default=0.0)
     if n <= 16:
         for i in range(n):
             for j in range(n):
-                if not math.isnan(grid[i][j]):
-                    ax.text(
-                        j,
-                        i,
-                        f"{grid[i][j]:.2f}",
-                        ha="center",
-                        va="center",
-                        color="white",
-                        fontsize=8,
-                    )
+                v = grid[i][j]
+                if not math.isnan(v):
+                    # viridis is light at the top of its range: dark text there.
+                    color = "black" if v > 0.6 * top else "white"
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", color=color, fontsize=8)
     for i, j in failed:
         ax.text(j, i, "FAIL", ha="center", va="center", color="red", fontweight="bold", fontsize=8)
     ax.set_title("node-pair all-reduce bandwidth")
