@@ -158,6 +158,7 @@ def handler(args: argparse.Namespace) -> int:
     from gpuenv.cluster import inventory, runner
     from gpuenv.report import console as console_report
     from gpuenv.report import junit
+    from gpuenv.results import Status
 
     hosts = inventory.load(args.inventory, args.limit)  # BadInput before anything is launched
     out = Console(stderr=args.json == "-")
@@ -193,9 +194,24 @@ def handler(args: argparse.Namespace) -> int:
 
         html.write(data, args.html)
         out.print(f"HTML report: {args.html}")
-    console_report.print_summary(
-        [r for r in run.results if r.node == "cluster" or r.status.failed],
-        out,
-        time.monotonic() - start,
+    for r in run.results:
+        if r.node == "cluster" or r.status.failed:
+            style = console_report.STYLES[r.status]
+            out.print(
+                f"{r.status.value:5} {r.node} {r.check}: {r.reason}",
+                style=style,
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+    counts = {st: sum(r.status is st for r in run.results) for st in Status}
+    out.print(
+        f"verdict: {'OK' if data['ok'] else 'FAILED'}  "
+        + ", ".join(f"{n} {st.value}" for st, n in counts.items() if n)
+        + f" on {len(hosts)} node(s) in {time.monotonic() - start:.1f}s",
+        style="bold green" if data["ok"] else "bold red",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
     )
     return 0 if data["ok"] else 1

@@ -486,7 +486,18 @@ def validate(hosts: Sequence[Host], opts: Options | None = None) -> ClusterRun:
             for s in multi[1:]:
                 run.results.append(_skip(s, "the rendezvous preflight failed"))
         else:
-            torch_ok, _ = True, None
+            missing = {
+                stage: pkg
+                for stage, pkg in (("torch", "torch"), ("pairs", "torch"), ("mpi", "mpi4py"))
+                if stage in multi
+                and not any(f"pkg.{pkg}" in probes[h.name].get("facts", {}) for h in alive)
+            }
+            for stage, pkg in missing.items():
+                run.results.append(
+                    _skip(stage, f"{pkg} is not installed on any node (cluster venv)")
+                )
+            multi = [s for s in multi if s not in missing]
+            torch_ok = True
             if "torch" in multi:
                 torch_ok, busbw = torch_stage(alive, probes, opts, run)
                 slow = opts.min_busbw is not None and (busbw is None or busbw < opts.min_busbw)
