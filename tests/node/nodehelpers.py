@@ -1,0 +1,102 @@
+"""Shared helpers of the node suite: what the inventory installs, what the node has.
+
+Run it against any inventory:
+    pytest tests/node --hosts=ansible://all --ansible-inventory=INVENTORY
+
+A check for a component the inventory does not install (host variable ``gpuenv_components``,
+default: all of them) skips saying so; a check that needs a GPU skips on a node without one.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+import pytest
+import testinfra
+from testinfra.utils.ansible_runner import AnsibleRunner
+
+ALL_COMPONENTS = ("driver", "cuda", "nccl", "ssh", "mpi", "env")
+
+# Counts NVIDIA display/3D controllers on the PCI bus, the way roles/gpu_env decides "GPU node".
+PCI_GPU_COUNT = (
+    "import glob; print(sum(open(d + '/vendor').read().strip() == '0x10de'"
+    " and open(d + '/class').read().startswith('0x03')"
+    " for d in glob.glob('/sys/bus/pci/devices/*')))"
+)
+
+
+def hostvars(host) -> dict[str, Any]:
+    return host.ansible.get_variables()
+
+
+def components(host) -> list[str]:
+    return list(hostvars(host).get("gpuenv_components", ALL_COMPONENTS))
+
+
+def require(host, *wanted: str) -> None:
+    """Skip unless the inventory installs every wanted component on this host."""
+    have = components(host)
+    missing = [c for c in wanted if c not in have]
+    if missing:
+        pytest.skip(
+            f"the inventory does not install {', '.join(missing)} on this node "
+            f"(gpuenv_components = {have})"
+        )
+
+
+def gpu_count(host) -> int:
+    out = host.check_output("python3 -c %s", PCI_GPU_COUNT)
+    return int(out.strip() or 0)
+
+
+def require_gpu(host) -> None:
+    if gpu_count(host) == 0:
+        pytest.skip("no NVIDIA GPU on this node (no PCI device of vendor 0x10de, class 03)")
+
+
+def cluster_user(host) -> str:
+    return str(hostvars(host).get("ssh_mesh_user", "gpuenv"))
+
+
+def venv(host) -> str:
+    return str(hostvars(host).get("gpu_env_venv", "/opt/gpuenv"))
+
+
+def as_user(host, user: str, command: str, login: bool = True):
+    """Run a command as another user (through sudo), in a login shell by default."""
+    shell = "bash -lc" if login else "bash -c"
+    with host.sudo():
+        return host.run(f"sudo -u {shlex.quote(user)} -H {shell} {shlex.quote(command)}")
+
+
+def local_fact(host, name: str) -> dict[str, Any] | None:
+    path = f"/etc/ansible/facts.d/{name}.fact"
+    f = host.file(path)
+    if not f.exists:
+        return None
+    return json.loads(f.content_string)
+
+
+def inventory_path(config: pytest.Config) -> str | None:
+    return config.getoption("ansible_inventory", default=None)
+
+
+def group_hosts(config: pytest.Config, group: str) -> list[str]:
+    return AnsibleRunner.get_runner(inventory_path(config)).get_hosts(group)
+
+
+def peer(config: pytest.Config, name: str):
+    """A testinfra host for another inventory host, reached the way Ansible reaches it."""
+    return testinfra.get_host(f"ansible://{name}", ansible_inventory=inventory_path(config))
+
+
+def address(host_vars: dict[str, Any], name: str) -> str:
+    """The address other nodes reach this node at (as roles/ssh_mesh and roles/mpi use it)."""
+    return str(
+        host_vars.get("ssh_mesh_address")
+        or host_vars.get("mpi_host_address")
+        or host_vars.get("ansible_host")
+        or name
+    )
