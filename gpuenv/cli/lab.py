@@ -204,13 +204,14 @@ def _status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gpuenv.lab import cluster
+    from gpuenv.lab import cache, cluster
 
     names, client = _names_and_client()
     labs = cluster.status(client, names, Path.cwd())
     if args.name:
         labs = [lab for lab in labs if lab.name == settings.validate_name(args.name)]
     console = Console()
+    console.print(f"cache {names.cache_container}: {cache.cache_state(client, names)}")
     if not labs:
         console.print("no lab is up" + (f" named {args.name!r}" if args.name else ""))
         return 0

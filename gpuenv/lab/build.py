@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuenv.lab import cache, images
+from gpuenv.lab import cache, images, lock
 from gpuenv.lab.progress import Progress
 from gpuenv.lab.settings import Names
 
@@ -22,7 +22,8 @@ def build(
     progress: Progress,
 ) -> list[images.ImageState]:
     """Everything molecule scenarios and labs need before the first node starts."""
-    states = images.ensure_images(client, names, root, distros, ca_bundle, progress)
-    cache.ensure_cache(client, names, root, progress)
-    cache.ensure_network(client, names, names.molecule_network, {})
+    with lock.exclusive(root, names, progress):
+        states = images.ensure_images(client, names, root, distros, ca_bundle, progress)
+        cache.ensure_cache(client, names, root, progress)
+        cache.ensure_network(client, names, names.molecule_network, {})
     return states

@@ -63,6 +63,9 @@ def ensure_cache(
                 str(wheels): {"bind": "/srv/wheels", "mode": "ro"},
             },
         )
+        # A re-created cache must be back on every lab and molecule network it served.
+        for network in client.networks.list(filters={"label": f"{LABEL_OWNER}={names.prefix}"}):
+            network.connect(container, aliases=[CACHE_ALIAS])
     elif container.status != "running":
         container.start()
     _wait_ready(container)
@@ -153,3 +156,13 @@ def remove_cache(client: docker.DockerClient, names: Names) -> None:
         client.containers.get(names.cache_container).remove(force=True)
     with contextlib.suppress(NotFound):
         client.volumes.get(names.cache_volume).remove()
+
+
+def cache_state(client: docker.DockerClient, names: Names) -> str:
+    """Docker's state of the cache container, or 'absent'."""
+    from docker.errors import NotFound
+
+    try:
+        return str(client.containers.get(names.cache_container).status)
+    except NotFound:
+        return "absent"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuenv.errors import BadInput, EnvironmentProblem
-from gpuenv.lab import cache, images, inventory, keys
+from gpuenv.lab import cache, images, inventory, keys, lock
 from gpuenv.lab.inventory import LabInventory, NodeEntry
 from gpuenv.lab.progress import Progress
 from gpuenv.lab.recipe import ADMIN_UID, ADMIN_USER
@@ -188,8 +188,9 @@ def up(
     """Create and boot a lab; on any failure, remove what this call created."""
     check_free(client, names, lab)
     paths = LabPaths(root, lab)
-    images.ensure_images(client, names, root, [distro], ca_bundle, progress)
-    cache.ensure_cache(client, names, root, progress)
+    with lock.exclusive(root, names, progress):
+        images.ensure_images(client, names, root, [distro], ca_bundle, progress)
+        cache.ensure_cache(client, names, root, progress)
     net = network_name(lab)
     labels = {LABEL_OWNER: names.prefix, LABEL_LAB: lab}
     created: list[Container] = []

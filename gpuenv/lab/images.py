@@ -62,7 +62,7 @@ def _base_tarball(
             "run `sudo .venv/bin/gpuenv lab build` once"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    log_path = out_dir / f"debootstrap-{base.distro}.log"
+    log_path = out_dir / f"{names.prefix}-debootstrap-{base.distro}.log"
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=f"rootfs-{base.distro}-") as tmp:
         target = Path(tmp) / "rootfs"
         _run_logged(base.debootstrap_argv(target), log_path, progress, key, DEBOOTSTRAP_DEADLINE_S)
