@@ -276,6 +276,7 @@ def _gpu_stage(
         for r in range(world)
     ]
     started: dict[str, float] = {}
+    stage_t0 = time.time()
     pending = list(names)
     while pending:
         name = pending[0]
@@ -288,6 +289,7 @@ def _gpu_stage(
         if len(payloads) == world:
             duration = time.monotonic() - started.get(name, time.monotonic())
             results[name] = _judge_gpu(ctx, name, gpus, payloads, world, duration)
+            results[name].details["timeline_s"] = B.timeline(events, name, stage_t0)
             run.progress(name, results[name])
             pending.pop(0)
             continue
@@ -328,6 +330,7 @@ def _gpu_stage(
                     text += f"; {error}"
                 text += "; process group killed"
             duration = time.monotonic() - started.get(name, time.monotonic())
+            details["timeline_s"] = B.timeline(events, name, stage_t0)
             results[name] = Result(
                 name, ctx.node, Status.FAIL, text, duration_s=duration, details=details
             )
@@ -401,17 +404,24 @@ def _launched_check(
     deadline = ctx.deadline(name)
     run.progress(name, "running")
     gate.touch()
+    opened = time.time()
     outcome = wait(launch, deadline)
     events = B.read_events(events_dir)
     payloads = B.rank_results(events, name)
+    # Where the time went, from the gate's opening: start-up, each stage, the launcher's exit.
+    trace = {
+        "timeline_s": B.timeline(events, name, opened),
+        "launcher_exit_s": round(outcome.elapsed_s, 3),
+    }
     if outcome.timed_out:
         text, details = _hang_reason(
             name, events, world, deadline, f"deadline {deadline:g} s expired"
         )
         text += "; process group killed"
         return Result(
-            name, ctx.node, Status.FAIL, text, duration_s=outcome.elapsed_s, details=details
-        )
+            name, ctx.node, Status.FAIL, text, duration_s=outcome.elapsed_s,
+            details={**details, **trace},
+        )  # fmt: skip
     if len(payloads) < world or outcome.returncode != 0:
         launcher = launch.argv[2] if launch.argv[0] == sys.executable else launch.argv[0]
         how = f"{launcher} exited with {_rc(outcome.returncode)}"
@@ -424,20 +434,18 @@ def _launched_check(
             text += f"; {error}"
         details["log_tail"] = launch.tail()
         return Result(
-            name, ctx.node, Status.FAIL, text, duration_s=outcome.elapsed_s, details=details
-        )
+            name, ctx.node, Status.FAIL, text, duration_s=outcome.elapsed_s,
+            details={**details, **trace},
+        )  # fmt: skip
     error = _error_from(payloads)
     if error:
         return Result(
-            name,
-            ctx.node,
-            Status.ERROR,
-            error,
-            duration_s=outcome.elapsed_s,
-            details={"log_tail": launch.tail()},
-        )
+            name, ctx.node, Status.ERROR, error, duration_s=outcome.elapsed_s,
+            details={"log_tail": launch.tail(), **trace},
+        )  # fmt: skip
     result = judge(payloads)
     result.duration_s = outcome.elapsed_s
+    result.details.update(trace)
     return result
 
 

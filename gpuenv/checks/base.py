@@ -116,6 +116,20 @@ def ranks_behind(
     return behind, last
 
 
+def timeline(
+    events: Mapping[int, list[dict[str, Any]]], check: str, t0: float
+) -> dict[str, list[list[Any]]]:
+    """Each rank's stages of ``check`` with seconds since ``t0`` (wall clock): where time went."""
+    return {
+        str(rank): [
+            [e.get("stage", "result"), round(float(e["t"]) - t0, 3)]
+            for e in items
+            if e.get("check") == check and "t" in e
+        ]
+        for rank, items in sorted(events.items())
+    }
+
+
 @dataclass(frozen=True)
 class Fault:
     action: str  # "hang" or "kill"

@@ -107,15 +107,31 @@ def rank_main(argv: Sequence[str]) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    wait_gate()
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-        backend, din, hidden, batch = "nccl", 1024, 4096, 1024
+        # Adam at a higher rate overshoots on the first steps of this wider model.
+        backend, din, hidden, batch, lr = "nccl", 1024, 1024, 1024, 3e-4
     else:
         device = torch.device("cpu")
-        backend, din, hidden, batch = "gloo", 32, 64, 64
+        backend, din, hidden, batch, lr = "gloo", 32, 64, 64, 1e-3
+    # Before the gate (while the GPU checks run): CUDA context, model and data, which need
+    # no peer and take seconds. Everything that talks to other ranks comes after it.
+    torch.manual_seed(0)  # the same initial parameters on every rank
+    model = torch.nn.Sequential(
+        torch.nn.Linear(din, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 1),
+    ).to(device)  # fmt: skip
+    gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own batch
+    x = torch.randn(batch, din, generator=gen)
+    w = torch.randn(din, 1, generator=torch.Generator().manual_seed(7)) / din**0.5
+    x, y = x.to(device), torch.sin(x @ w).to(device)
+    if cuda:
+        torch.cuda.synchronize()
+    log.mark(NAME, "ready")
+    wait_gate()
     # Below the parent's deadline, so a rank blocked on a missing peer errors out by itself
     # (NCCL's watchdog aborts the communicator; gloo raises) and says so before being killed.
     timeout = timedelta(seconds=max(2.0, rank_deadline() - time.monotonic()))
@@ -124,19 +140,8 @@ def rank_main(argv: Sequence[str]) -> int:
     log.mark(NAME, "process group")
     fault_point(NAME, rank)  # a rank that never joins the first collective
     log.mark(NAME, "wrap model")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(din, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, 1),
-    ).to(device)  # fmt: skip
     ddp = DistributedDataParallel(model, device_ids=[local] if cuda else None)
-    gen = torch.Generator().manual_seed(1000 + rank)
-    x = torch.randn(batch, din, generator=gen)
-    w = torch.randn(din, 1, generator=torch.Generator().manual_seed(7)) / din**0.5
-    y = torch.sin(x @ w)
-    x, y = x.to(device), y.to(device)
-    opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(ddp.parameters(), lr=lr)
     losses, times = [], []
     log.mark(NAME, "train")
     for _ in range(args.steps):
@@ -167,6 +172,8 @@ def rank_main(argv: Sequence[str]) -> int:
         "torch": torch.__version__,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "",
     })  # fmt: skip
+    # No rank tears its connections down while a peer still uses them (gloo aborts then).
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

@@ -33,22 +33,26 @@ def bus_factor(world: int) -> float:
     return 2.0 * (world - 1) / world
 
 
-def share_unique_id(
-    nccl: Any, directory: Path, tag: str, create: bool, deadline: float
-) -> tuple[int, ...]:
-    """Rank ``create`` makes the NCCL unique id; the others read it from a file."""
+def share_unique_id(nccl: Any, directory: Path, tag: str, create: bool, deadline: float) -> Any:
+    """Rank ``create`` makes the NCCL unique id; the others read it from a file.
+
+    CuPy 14 returns the id as bytes (older releases: a tuple of ints); it travels as hex
+    or as a list, and comes back as the same type.
+    """
     path = directory / f"nccl-id-{tag}.json"
     if create:
         uid = nccl.get_unique_id()
+        record = {"hex": uid.hex()} if isinstance(uid, bytes) else {"ints": list(uid)}
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(list(uid)), encoding="utf-8")
+        tmp.write_text(json.dumps(record), encoding="utf-8")
         os.replace(tmp, path)  # atomic: readers never see half a file
-        return tuple(uid)
+        return uid
     while not path.exists():
         if time.monotonic() > deadline:
             raise CollectiveTimeout(f"NCCL id {tag!r} never appeared: its creator did not start")
         time.sleep(0.005)
-    return tuple(json.loads(path.read_text(encoding="utf-8")))
+    record = json.loads(path.read_text(encoding="utf-8"))
+    return bytes.fromhex(record["hex"]) if "hex" in record else tuple(record["ints"])
 
 
 def wait(event: Any, comm: Any, deadline: float, what: str) -> None:
