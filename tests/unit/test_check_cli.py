@@ -100,3 +100,22 @@ def test_json_to_stdout_is_one_document(monkeypatch, capsys):
     data = json.loads(captured.out)  # nothing but the report on stdout
     assert data["kind"] == "gpuenv-check"
     assert "ddp" in captured.err  # the table went to stderr
+
+
+def test_node_side_imports_no_controller_or_gpu_library():
+    """`gpuenv check` runs on nodes that have none of the controller extras installed."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from gpuenv.cli import build_parser\n"
+        "build_parser()\n"
+        "import gpuenv.cli.check, gpuenv.runner, gpuenv.checks, gpuenv.report.console\n"
+        "import gpuenv.report.jsonreport, gpuenv.report.junit\n"
+        "heavy = ('docker', 'fabric', 'matplotlib', 'ansible', 'torch', 'cupy', 'mpi4py',"
+        " 'pynvml', 'numpy')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
