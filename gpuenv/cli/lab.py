@@ -192,7 +192,10 @@ def _down(args: argparse.Namespace) -> int:
     names, client = _names_and_client()
     with _RichProgress() as progress:
         report = cluster.down(client, names, Path.cwd(), lab, args.purge, progress)
-    print(f"lab {lab}: removed {len(report.removed_nodes)} nodes and network {lab}-net")
+    if report.removed_nodes:
+        print(f"lab {lab}: removed {len(report.removed_nodes)} nodes and network {lab}-net")
+    else:
+        print(f"lab {lab}: no nodes to remove; network {lab}-net is gone too")
     if report.purged:
         print(f"purged: {', '.join(report.purged)}, images {names.prefix}/*")
     for problem in report.problems:

@@ -95,10 +95,16 @@ def check_free(client: docker.DockerClient, names: Names, lab: str) -> None:
         if pattern.fullmatch(c.name or "")
     ]
     try:
-        client.networks.get(network_name(lab))
-        clashes.append(f"network {network_name(lab)}")
+        network = client.networks.get(network_name(lab))
     except NotFound:
-        pass
+        network = None
+    if network is not None:
+        if (network.attrs.get("Labels") or {}).get(LABEL_LAB) == lab:
+            raise BadInput(
+                f"network {network_name(lab)} is left over from lab {lab!r}: "
+                f"run `gpuenv lab down --name {lab}` first"
+            )
+        clashes.append(f"network {network_name(lab)}")
     if clashes:
         raise BadInput(
             f"lab name {lab!r} clashes with existing docker objects ({', '.join(clashes)}); "

@@ -132,6 +132,15 @@ def test_foreign_network_with_the_lab_name_is_a_clash(patched):
     client.containers.create.assert_not_called()
 
 
+def test_leftover_network_of_the_same_lab_points_at_lab_down(patched):
+    client, _ = _client()
+    client.networks.get.side_effect = None
+    client.networks.get.return_value = SimpleNamespace(attrs={"Labels": {"gpuenv.lab": "gpuenv"}})
+    with pytest.raises(BadInput, match="gpuenv lab down --name gpuenv"):
+        _up(client, patched.root)
+    client.containers.create.assert_not_called()
+
+
 def test_start_keeps_keys_and_rewrites_the_address(patched):
     client, created = _client()
     _up(client, patched.root, nodes=2)

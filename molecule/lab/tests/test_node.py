@@ -100,6 +100,14 @@ def test_apt_proxy_is_the_cache_when_it_answers_else_direct(host):
     assert host.run(f"unshare --net {detect}").stdout.strip() == "DIRECT"
 
 
+def test_wheelhouse_is_served_by_the_cache(host):
+    code = (
+        "import urllib.request; "
+        "print(urllib.request.urlopen('http://apt-cache:8080/', timeout=5).status)"
+    )
+    assert host.run(f'python3 -c "{code}"').stdout.strip() == "200"
+
+
 def test_packages_came_through_the_lab_cache(host, engine):
     assert host.package("hello").is_installed
     container = _container(engine, host)
