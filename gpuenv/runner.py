@@ -30,6 +30,7 @@ from gpuenv.results import Result, Status
 
 Progress = Callable[[str, "str | Result"], None]
 KILL_GRACE_S = 2.0
+TEARDOWN_S = 0.5  # how long a launcher may take to exit once all its ranks reported
 POLL_S = 0.05
 
 
@@ -144,10 +145,10 @@ class Launch:
         assert self.proc is not None
         return self.proc.poll()
 
-    def kill(self) -> None:
+    def kill(self, grace_s: float = KILL_GRACE_S) -> None:
         if self.proc is None:
             return
-        kill_session(self.proc.pid)
+        kill_session(self.proc.pid, grace_s)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
         # Descendants reparented away from the leader can survive the group kill; sweep them.
@@ -166,6 +167,7 @@ class Outcome:
     returncode: int | None
     timed_out: bool
     elapsed_s: float
+    stopped: bool = False  # ended by the caller's ``tick`` (its work was complete)
 
 
 def run_with_deadline(
@@ -189,8 +191,8 @@ def wait(launch: Launch, deadline_s: float, tick: Callable[[], bool] | None = No
                     kill_session(launch.pid, grace_s=0.5)
                 return Outcome(rc, False, time.monotonic() - start)
             if tick is not None and tick():
-                launch.kill()
-                return Outcome(launch.poll(), False, time.monotonic() - start)
+                launch.kill(grace_s=0.0)  # its work is done: nothing to let it finish
+                return Outcome(launch.poll(), False, time.monotonic() - start, stopped=True)
             if time.monotonic() >= end:
                 launch.kill()
                 return Outcome(launch.poll(), True, time.monotonic() - start)
@@ -405,13 +407,27 @@ def _launched_check(
     run.progress(name, "running")
     gate.touch()
     opened = time.time()
-    outcome = wait(launch, deadline)
+    complete_since: list[float] = []
+
+    def complete() -> bool:
+        """Every rank posted its result: allow the launcher TEARDOWN_S to exit, then end it.
+
+        NCCL and torchrun teardown take seconds and decide nothing; the verdict is in.
+        """
+        if not complete_since:
+            if len(B.rank_results(B.read_events(events_dir), name)) < world:
+                return False
+            complete_since.append(time.monotonic())
+        return time.monotonic() - complete_since[0] > TEARDOWN_S
+
+    outcome = wait(launch, deadline, tick=complete)
     events = B.read_events(events_dir)
     payloads = B.rank_results(events, name)
     # Where the time went, from the gate's opening: start-up, each stage, the launcher's exit.
     trace = {
         "timeline_s": B.timeline(events, name, opened),
         "launcher_exit_s": round(outcome.elapsed_s, 3),
+        "launcher_ended_after_results": outcome.stopped,
     }
     if outcome.timed_out:
         text, details = _hang_reason(
@@ -422,7 +438,7 @@ def _launched_check(
             name, ctx.node, Status.FAIL, text, duration_s=outcome.elapsed_s,
             details={**details, **trace},
         )  # fmt: skip
-    if len(payloads) < world or outcome.returncode != 0:
+    if len(payloads) < world or (outcome.returncode != 0 and not outcome.stopped):
         launcher = launch.argv[2] if launch.argv[0] == sys.executable else launch.argv[0]
         how = f"{launcher} exited with {_rc(outcome.returncode)}"
         text, details = _hang_reason(name, events, world, deadline, how)
@@ -570,7 +586,8 @@ def _run_all(run: _Run, names: list[str], results: dict[str, Result]) -> None:
     if gpu_names:
         _gpu_stage(run, gpu_names, gpus, len(gpus), results)
 
-    for name, module in (("ddp", ddp), ("mpi", mpi)):
+    # MPI first: it takes a second, while torchrun's ranks are still importing torch.
+    for name, module in (("mpi", mpi), ("ddp", ddp)):
         if name not in prestarted:
             continue
         launch, gate, events_dir, world = prestarted[name]

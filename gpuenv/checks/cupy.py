@@ -35,15 +35,20 @@ H2D, D2H = 1, 2  # cudaMemcpyKind
 
 
 def _kernels(cp: Any, np: Any) -> list[str]:
-    """Run the small kernels; return what was wrong (empty: all verified)."""
+    """Run the small kernels; return what was wrong (empty: all verified).
+
+    Results are compared on the host with numpy: a device-side reduction would cost a
+    CUB compile of seconds on a node's first run.
+    """
     errors = []
     n = 1 << 20
-    if int(cp.arange(n, dtype=cp.int64).sum()) != n * (n - 1) // 2:
-        errors.append("arange/sum on the device gave a wrong total")
-    a = cp.arange(n, dtype=cp.float32)  # exact: n < 2**24
+    expected = np.arange(n, dtype=np.float32)  # exact in float32: n < 2**24
+    a = cp.arange(n, dtype=cp.float32)
+    if not np.array_equal(cp.asnumpy(a), expected):
+        errors.append("arange on the device gave wrong values")
     axpy = cp.ElementwiseKernel("float32 x, float32 y", "float32 z", "z = 2.0f * x + y", "axpy")
     z = axpy(a, cp.ones_like(a))
-    if not bool(cp.all(z == 2 * a + 1)):
+    if not np.array_equal(cp.asnumpy(z), 2 * expected + 1):
         errors.append("elementwise kernel gave wrong values")
     add = cp.RawKernel(ADD_KERNEL, "add")
     rng = np.random.default_rng(0)
@@ -57,6 +62,13 @@ def _kernels(cp: Any, np: Any) -> list[str]:
     if not np.array_equal(cp.asnumpy(dc), ha + hb):
         errors.append("RawKernel add (NVRTC) gave wrong values")
     return errors
+
+
+def corner_ok(cp: Any, np: Any, a: Any, b: Any, c: Any, k: int = 64) -> bool:
+    """Whether c[:k, :k] of c = a @ b (fp16) matches an fp32 product computed on the host."""
+    ref = cp.asnumpy(a[:k]).astype(np.float32) @ cp.asnumpy(b[:, :k]).astype(np.float32)
+    got = cp.asnumpy(c[:k, :k]).astype(np.float32)
+    return bool(np.allclose(got, ref, rtol=2e-2, atol=1e-1))
 
 
 def _copy_gbps(cp: Any, nbytes: int, iters: int, kind: int) -> float:
@@ -89,9 +101,9 @@ def _gemm(cp: Any, n: int, iters: int) -> tuple[float, bool]:
     end.record()
     end.synchronize()
     seconds = cp.cuda.get_elapsed_time(start, end) / 1e3
-    ref = a[:64].astype(cp.float32) @ b[:, :64].astype(cp.float32)
-    ok = bool(cp.allclose(c[:64, :64].astype(cp.float32), ref, rtol=2e-2, atol=1e-1))
-    return 2.0 * n**3 * iters / seconds / 1e12, ok
+    import numpy as np
+
+    return 2.0 * n**3 * iters / seconds / 1e12, corner_ok(cp, np, a, b, c)
 
 
 def rank_main(rank: int, world: int, params: Mapping[str, Any], log: RankLog) -> dict[str, Any]:

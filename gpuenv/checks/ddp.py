@@ -10,6 +10,7 @@ error handling is on, so a rank whose peer hangs aborts by itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -130,6 +131,10 @@ def rank_main(argv: Sequence[str]) -> int:
     x, y = x.to(device), torch.sin(x @ w).to(device)
     if cuda:
         torch.cuda.synchronize()
+    # DistributedDataParallel's constructor imports torch._dynamo (hundreds of modules,
+    # seconds); pay that here, before the gate, not inside the timed check.
+    with contextlib.suppress(ImportError):
+        import torch._dynamo
     log.mark(NAME, "ready")
     wait_gate()
     # Below the parent's deadline, so a rank blocked on a missing peer errors out by itself
