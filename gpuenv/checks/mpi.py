@@ -210,7 +210,7 @@ def rank_main(argv: Sequence[str]) -> int:
         "bytes": n * 4,
         "allreduce_s": seconds,
         "mpi4py": mpi4py.__version__,
-        "mpi": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
     })  # fmt: skip
     comm.Barrier()
     return 0
