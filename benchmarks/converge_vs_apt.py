@@ -2,7 +2,7 @@
 
     python benchmarks/converge_vs_apt.py [--distro trixie] [--no-warmup] [--keep] [--out FILE]
 
-Brings up a lab of three fresh nodes (`gpuenv lab up --name gsbench`, SSH with the project's
+Brings up a lab of three fresh nodes (`gpuenv lab up --name gs-bench`, SSH with the project's
 ansible.cfg: pipelining, ControlPersist, fact cache), all behind the lab's apt-cacher-ng:
 
 1. node1 (warm-up, not timed): installs the packages so the cache holds every .deb;
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LAB = "gsbench"
+LAB = "gs-bench"
 INVENTORY = ROOT / "inventory" / f"lab-{LAB}" / "hosts.yml"
 TARGET_RATIO = 1.3
 

@@ -1,9 +1,9 @@
 """A re-run of the GPU stack on a converged node: changed=0, in a few seconds.
 
-    python benchmarks/converge_vs_apt.py --keep     # leaves gsbench-node3 converged
+    python benchmarks/converge_vs_apt.py --keep     # leaves gs-bench-node3 converged
     python benchmarks/rerun_gpu_stack.py [--runs 3] [--out FILE]
 
-Runs the same converge playbook `--runs` times against gsbench-node3 with the project's
+Runs the same converge playbook `--runs` times against gs-bench-node3 with the project's
 ansible.cfg (SSH pipelining, ControlPersist, jsonfile fact cache) and prints each run's wall time
 and recap. Exit 1 when any run reports a change or fails. `--down` removes the lab afterwards.
 """
