@@ -94,3 +94,35 @@ def test_fault_switch_rejects_garbage():
 
     with pytest.raises(ValueError, match="GPUENV_FAULT"):
         B.parse_faults("explode:rank=1")
+
+
+def _gpu_stage(tmp_path, monkeypatch, fault, deadline):
+    """The one-process-per-GPU stage, with the NVML probe as its (GPU-free) check."""
+    from gpuenv import runner
+    from gpuenv.checks.thresholds import load_specs, load_thresholds
+
+    monkeypatch.setenv("GPUENV_FAULT", fault)
+    ctx = B.Context(node="n1", thresholds=load_thresholds(), specs=load_specs(),
+                    deadline_override=deadline)  # fmt: skip
+    run = runner._Run(ctx, tmp_path, lambda name, state: None)
+    results = {}
+    t0 = time.monotonic()
+    runner._gpu_stage(run, ["system"], [], 2, results)
+    return results["system"], time.monotonic() - t0
+
+
+def test_gpu_stage_names_the_hung_rank_and_kills_all(tmp_path, monkeypatch):
+    result, elapsed = _gpu_stage(tmp_path, monkeypatch, "hang:rank=1:check=system", 2.0)
+    assert result.status.value == "FAIL"
+    assert "rank 1 (last: start) did not join" in result.reason
+    assert result.details["ranks_behind"] == [1]
+    assert elapsed < 2.0 + 10
+    assert processes_with_env("GPUENV_FAULT", "hang:rank=1:check=system") == []
+
+
+def test_gpu_stage_names_a_killed_rank_at_once(tmp_path, monkeypatch):
+    result, elapsed = _gpu_stage(tmp_path, monkeypatch, "kill:rank=1:check=system", 30.0)
+    assert result.status.value == "FAIL"
+    assert result.reason.startswith("rank 1 exited with signal SIGKILL during system")
+    assert elapsed < 10  # not the 30 s deadline: a dead rank is seen when it dies
+    assert processes_with_env("GPUENV_FAULT", "kill:rank=1:check=system") == []
