@@ -6,6 +6,8 @@ environment molecule sets):
     python molecule/cluster/fault_test.py --inventory INV --playbook molecule/cluster/converge.yml \
         --victim cl-node3 --launcher cl-node1
 
+0. Bad variables (unknown user, malformed key path, empty group, unknown interface) stop the
+   run in preflight with a message naming the variable, before anything changes.
 1. The victim's container is stopped while the run is in its ssh stage: the run goes on for the
    others (failed=0, unreachable=0, their last stage done), the recap names the victim, and the
    others keep the victim's recorded host keys.
@@ -21,6 +23,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,6 +133,34 @@ def wait_booted(name: str) -> None:
     raise SystemExit(f"fault_test: FAIL: {name} did not finish booting")
 
 
+BAD_INPUTS = [
+    ({"ssh_mesh_user": "nosuchuser", "ssh_mesh_user_create": False}, 'ssh_mesh_user "nosuchuser"'),
+    ({"ssh_mesh_private_key_file": "keys/id_cluster"}, "ssh_mesh_private_key_file"),
+    ({"ssh_mesh_group": "gpuenv_empty"}, 'ssh_mesh_group "gpuenv_empty"'),
+    ({"mpi_group": "gpuenv_empty"}, 'mpi_group "gpuenv_empty"'),
+    ({"mpi_network_interface": "ib9"}, 'mpi_network_interface "ib9"'),
+]
+
+
+def bad_input(args: argparse.Namespace, tmp: Path) -> None:
+    """Each bad variable fails the preflight play (the stages are skipped by tag regardless)."""
+    extra_inventory = tmp / "empty-group.yml"
+    extra_inventory.write_text("all:\n  children:\n    gpuenv_empty:\n      hosts: {}\n")
+    for variables, named in BAD_INPUTS:
+        rc, out = playbook(
+            args,
+            "-i",
+            str(extra_inventory),
+            "--skip-tags",
+            "ssh,mpi,env",
+            "-e",
+            json.dumps(variables),
+        )
+        r = recap(out)
+        check(rc != 0 and named in out, f"{variables} fails in preflight naming {named}")
+        check(all(v["changed"] == 0 for v in r.values()), f"nothing changed: {r}")
+
+
 def lost_node(args: argparse.Namespace, others: list[str]) -> None:
     before = host_keys(args.victim)
     rc, out = playbook(args, stop_at=args.stop_at)
@@ -218,6 +249,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpuenv-fault-") as tmp:
+        bad_input(args, Path(tmp))
     lost_node(args, args.others)
     rekeyed_node(args, args.others)
     log(f"PASSED in {time.monotonic() - t0:.0f}s")
