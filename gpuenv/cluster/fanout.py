@@ -255,7 +255,7 @@ def transport(host: Host) -> _Local | _SSH:
 
 
 @contextmanager
-def _progress(label: str, total: int, show: bool) -> Iterator[Callable[[str], None]]:
+def progress(label: str, total: int, show: bool) -> Iterator[Callable[[str], None]]:
     if not show:
         yield lambda _name: None
         return
@@ -275,14 +275,35 @@ def _progress(label: str, total: int, show: bool) -> Iterator[Callable[[str], No
         yield lambda name: bar.update(task, advance=1, last=name)
 
 
+def _stop(
+    hosts: Sequence[Host],
+    runners: Mapping[str, _Local | _SSH],
+    stop_command: Callable[[Host], str],
+) -> None:
+    for h in hosts:
+        runner = runners[h.name]
+        if isinstance(runner, _Local):
+            runner.close()
+        else:
+            # A second connection: the first is busy waiting for the command to end.
+            threading.Thread(target=_SSH(h).run, args=(stop_command(h), 15.0), daemon=True).start()
+
+
 def fan_out(
     hosts: Sequence[Host],
     command: Callable[[Host], str],
     deadline_s: float,
     label: str = "nodes",
     show_progress: bool = False,
+    stop_others: Callable[[Host], str] | None = None,
 ) -> dict[str, Outcome]:
-    """Run ``command(host)`` on every host at once; one Outcome per host, by the deadline."""
+    """Run ``command(host)`` on every host at once; one Outcome per host, by the deadline.
+
+    With ``stop_others`` (a launch whose ranks wait for each other), the first node that fails
+    stops the rest at once instead of letting them wait for their deadline: local process
+    groups are killed, and on SSH nodes ``stop_others(host)`` is run (e.g. a pkill of that
+    launch's processes).
+    """
     if not hosts:
         return {}
     runners = {h.name: transport(h) for h in hosts}
@@ -290,10 +311,11 @@ def fan_out(
     pool = cf.ThreadPoolExecutor(max_workers=min(64, len(hosts)), thread_name_prefix="gpuenv-node")
     start = time.monotonic()
     try:
-        with _progress(label, len(hosts), show_progress) as advance:
+        with progress(label, len(hosts), show_progress) as advance:
             futures = {
                 pool.submit(runners[h.name].run, command(h), deadline_s): h.name for h in hosts
             }
+            first_failure = ""
             try:
                 for fut in cf.as_completed(futures, timeout=deadline_s + GRACE_S):
                     name = futures[fut]
@@ -302,6 +324,12 @@ def fan_out(
                     except Exception as exc:
                         outcomes[name] = Outcome(name, None, error=f"{type(exc).__name__}: {exc}")
                     advance(name)
+                    if first_failure:
+                        outcomes[name].error = f"stopped because {first_failure} failed first"
+                    elif stop_others is not None and not outcomes[name].ok:
+                        first_failure = name
+                        pending = [h for h in hosts if h.name not in outcomes]
+                        _stop(pending, runners, stop_others)
             except cf.TimeoutError:
                 pass
     finally:

@@ -95,3 +95,9 @@ def payloads(outcome: Outcome) -> list[dict[str, Any]]:
 
 def run_id(prefix: str) -> str:
     return f"{prefix}-{os.getpid()}"
+
+
+def stop(rid: str) -> str:
+    """A command that ends one launch's processes on a node (its torchrun agent, which takes
+    its workers down with it). The bracket keeps pkill from matching its own command line."""
+    return f"pkill -TERM -f -- 'rdzv-id=[{rid[0]}]{rid[1:]}' || true"

@@ -79,13 +79,14 @@ def isolate(
         measured = test_round(pairs)
         outcome = {p: measured.get(p) for p in pairs}
         result.rounds.append(outcome)
-        if not limit:
-            seen = sorted(v for v in outcome.values() if v is not None)
-            limit.append(relative * seen[len(seen) // 2] if seen else float("inf"))
-        result.threshold = limit[0]
+        seen = sorted(v for v in outcome.values() if v is not None)
+        if not limit and seen:
+            # The first round that measured anything sets the relative pass mark.
+            limit.append(relative * seen[len(seen) // 2])
+        result.threshold = limit[0] if limit else None
         for (a, b), bw in outcome.items():
             tried.add(_key(a, b))
-            if _passes(bw, limit[0]):
+            if _passes(bw, limit[0] if limit else float("inf")):
                 cleared.update((a, b))
             else:
                 failed.add(_key(a, b))
@@ -118,7 +119,7 @@ def isolate(
             break  # nothing new can be learned
         outcome = run(pairs)
         for pair, suspect in against_cleared.items():
-            if not _passes(outcome[pair], limit[0]):
+            if not _passes(outcome[pair], limit[0] if limit else float("inf")):
                 bad.add(suspect)
         suspects = [n for n in suspects if n not in cleared and n not in bad]
 

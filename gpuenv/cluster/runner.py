@@ -14,6 +14,7 @@ Multi-node stages run on the nodes that answered; the others are already named a
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import shlex
 import statistics
 import time
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuenv.cluster import consistency, launch, pairs, preflight
-from gpuenv.cluster.fanout import Outcome, fan_out
+from gpuenv.cluster.fanout import Outcome, fan_out, progress
 from gpuenv.cluster.inventory import Host
 from gpuenv.results import Measurement, Result, RunReport, Status
 
@@ -193,6 +194,7 @@ def torch_stage(
         opts.deadline_s,
         label="torchrun all nodes",
         show_progress=opts.show_progress,
+        stop_others=lambda _h: launch.stop(rid),
     )
     duration = time.monotonic() - start
     bad: dict[str, str] = {}
@@ -325,46 +327,60 @@ def mpi_stage(hosts: Sequence[Host], opts: Options, run: ClusterRun) -> None:
 
 
 def pair_tester(
-    hosts: Sequence[Host], opts: Options, label: str
+    hosts: Sequence[Host],
+    opts: Options,
+    label: str,
+    known: dict[pairs.Pair, float | None] | None = None,
 ) -> Callable[[Sequence[pairs.Pair]], dict[pairs.Pair, float | None]]:
+    """Runs a round of disjoint pairs at once, each pair its own 2-node torchrun launch.
+
+    Pairs already measured (``known``, e.g. the matrix) are answered without a new launch.
+    """
     by_name = {h.name: h for h in hosts}
     counter = [0]
+    cache = known if known is not None else {}
+
+    def one_pair(a: str, b: str, port: int) -> float | None:
+        rid = launch.run_id(f"{label}{counter[0]}-{port}")
+        master = by_name[a]
+        outcomes = fan_out(
+            [by_name[a], by_name[b]],
+            lambda h: launch.torchrun(h, master, 2, port, rid, 1, [opts.pair_bytes],
+                                      opts.iters, 1, opts.deadline_s - 5),
+            opts.deadline_s,
+            stop_others=lambda _h: launch.stop(rid),
+        )  # fmt: skip
+        values = []
+        for n in (a, b):
+            got = [p for p in launch.payloads(outcomes[n]) if p.get("kind") == "torch"]
+            if outcomes[n].ok and got and all(s.get("correct") for s in got[0]["sweep"]):
+                values.append(got[0]["sweep"][-1]["busbw_gbps"])
+        return min(values) if len(values) == 2 else None
 
     def test_round(round_pairs: Sequence[pairs.Pair]) -> dict[pairs.Pair, float | None]:
         counter[0] += 1
-        role: dict[str, tuple[Host, int, str]] = {}
-        for i, (a, b) in enumerate(round_pairs):
-            port = opts.port + 1 + i
-            rid = launch.run_id(f"{label}{counter[0]}-{i}")
-            role[a] = (by_name[a], port, rid)
-            role[b] = (by_name[a], port, rid)
-        members = [by_name[n] for p in round_pairs for n in p]
-        outcomes = fan_out(
-            members,
-            lambda h: launch.torchrun(
-                h,
-                role[h.name][0],
-                2,
-                role[h.name][1],
-                role[h.name][2],
-                1,
-                [opts.pair_bytes],
-                opts.iters,
-                1,
-                opts.deadline_s - 5,
-            ),
-            opts.deadline_s,
-            label=f"{label} round {counter[0]} ({len(round_pairs)} pairs)",
-            show_progress=opts.show_progress,
-        )
         measured: dict[pairs.Pair, float | None] = {}
+        todo = []
         for a, b in round_pairs:
-            values = []
-            for n in (a, b):
-                got = [p for p in launch.payloads(outcomes[n]) if p.get("kind") == "torch"]
-                if outcomes[n].ok and got and all(s.get("correct") for s in got[0]["sweep"]):
-                    values.append(got[0]["sweep"][-1]["busbw_gbps"])
-            measured[(a, b)] = min(values) if len(values) == 2 else None
+            hit = next((cache[k] for k in ((a, b), (b, a)) if k in cache), False)
+            if hit is False:
+                todo.append((a, b))
+            else:
+                measured[(a, b)] = hit
+        title = f"{label} round {counter[0]} ({len(todo)} pairs)"
+        with (
+            progress(title, len(todo), opts.show_progress and bool(todo)) as advance,
+            cf.ThreadPoolExecutor(max_workers=max(1, min(32, len(todo)))) as pool,
+        ):
+            futures = {
+                pool.submit(one_pair, a, b, opts.port + 1 + i): (a, b)
+                for i, (a, b) in enumerate(todo)
+            }
+            for fut in cf.as_completed(futures):
+                pair = futures[fut]
+                measured[pair] = fut.result()
+                cache[pair] = measured[pair]
+                advance(f"{pair[0]}-{pair[1]}")
         return measured
 
     return test_round
@@ -416,7 +432,7 @@ def matrix_stage(hosts: Sequence[Host], opts: Options, run: ClusterRun) -> None:
 
 def isolation_stage(hosts: Sequence[Host], opts: Options, run: ClusterRun) -> None:
     start = time.monotonic()
-    tester = pair_tester(hosts, opts, "isolate")
+    tester = pair_tester(hosts, opts, "isolate", known=dict(run.matrix))
     iso = pairs.isolate(
         [h.name for h in hosts], tester, opts.min_busbw, relative=opts.pair_relative
     )

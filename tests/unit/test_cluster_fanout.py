@@ -125,3 +125,19 @@ def test_changed_host_key_is_refused(tmp_path, ssh_server):
     host = Host("n1", "127.0.0.1", "127.0.0.1", port=port, user="u", known_hosts=(str(kh),))
     out = fan_out([host], lambda h: "true", 10)["n1"]
     assert out.rc is None and "CHANGED" in out.why()
+
+
+def test_first_failure_stops_the_ranks_still_waiting():
+    marker = f"gpuenv-wait-{uuid.uuid4().hex}"
+    hosts = [local("quitter"), local("waiter")]
+    start = time.monotonic()
+    out = fan_out(
+        hosts,
+        lambda h: "exit 3" if h.name == "quitter" else f"exec -a {marker} sleep 300",
+        60,
+        stop_others=lambda h: "unused for local hosts",
+    )
+    assert time.monotonic() - start < 10
+    assert out["quitter"].rc == 3
+    assert out["waiter"].why() == "stopped because quitter failed first"
+    assert processes_with(marker) == []

@@ -129,3 +129,12 @@ def test_relative_threshold_from_round_one_median():
     found = isolate(model.nodes, model)  # no absolute threshold
     assert found.threshold == pytest.approx(GOOD / 2)
     assert found.bad_nodes == model.names(bad)
+
+
+def test_three_nodes_one_that_fails_every_run():
+    # Failed runs measure nothing: the pass mark comes from the first round that measured.
+    model = Model(3, dead=[1])
+    found = isolate(model.nodes, model)
+    assert found.bad_nodes == [model.nodes[1]]
+    assert found.unresolved == [] and found.threshold == pytest.approx(GOOD / 2)
+    assert len(found.rounds) == 3
