@@ -97,3 +97,30 @@ def test_node_with_another_package_version_is_named():
     assert cons["status"] == "FAIL"
     assert f"pkg.numpy: {original} on {LAB}-node1, {LAB}-node3; {other} on {node}" in cons["reason"]
     assert cons["details"]["odd_nodes"] == [node]
+
+
+def test_node_that_breaks_the_launch_is_isolated_by_pairs():
+    node = f"{LAB}-node2"
+    pip = "sudo /opt/gpuenv/bin/python -m pip"
+    version = on_node("node2", "/opt/gpuenv/bin/python -c 'import torch; print(torch.__version__)'")
+    assert version.returncode == 0, version.stderr
+    wanted = version.stdout.strip().split("+")[0]
+    assert on_node("node2", f"{pip} uninstall -y -q torch").returncode == 0
+    try:
+        done, data, elapsed = cluster("--skip", "check,mpi")
+    finally:
+        restored = on_node("node2", f"{pip} install -q --disable-pip-version-check torch=={wanted}")
+    assert restored.returncode == 0, restored.stderr
+    assert done.returncode == 1
+    allreduce = result(data, "allreduce")
+    assert (
+        allreduce["status"] == "FAIL"
+        and f"stopped because {node} failed first" in allreduce["reason"]
+    )
+    assert data["isolation"]["bad_nodes"] == [node]
+    assert result(data, "isolation")["reason"] == f"bad node(s): {node}"
+    # The waiting ranks are stopped when the broken one fails, not at the deadline.
+    assert elapsed < DEADLINE * 3
+    for other in ("node1", "node2", "node3"):
+        ps = on_node(other, "pgrep -af 'gpuenv[.]cluster|torch[.]distributed|[m]pirun' || true")
+        assert ps.stdout.strip() == "", ps.stdout
