@@ -166,6 +166,7 @@ def handler(args: argparse.Namespace) -> int:
     opts = runner.Options(
         check_args=check_args,
         deadline_s=args.deadline,
+        probe_deadline_s=min(30.0, args.deadline),
         port=args.port,
         nproc_per_node=args.nproc_per_node,
         sizes=args.sizes,

@@ -84,20 +84,25 @@ class _Local:
     def __init__(self, host: Host) -> None:
         self.host = host
         self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+        self._stopped = False  # set by close(): a command not started yet never starts
 
     def run(self, command: str, deadline_s: float) -> Outcome:
         start = time.monotonic()
         env = {**os.environ, **self.host.env}
-        proc = subprocess.Popen(
-            ["bash", "-c", command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        self._proc = proc
+        with self._lock:
+            if self._stopped:
+                return Outcome(self.host.name, None, error="stopped before it started")
+            proc = subprocess.Popen(
+                ["bash", "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
+            self._proc = proc
         try:
             out, err = proc.communicate(timeout=deadline_s)
             rc: int | None = proc.returncode
@@ -112,7 +117,9 @@ class _Local:
 
     def close(self) -> None:
         """Kill whatever the command left in its process group (workers of a launcher too)."""
-        proc = self._proc
+        with self._lock:
+            self._stopped = True
+            proc = self._proc
         if proc is None:
             return
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -145,6 +152,7 @@ class _SSH:
         self.host = host
         self._conn: Any = None
         self._lock = threading.Lock()
+        self.stopped = False  # set when another node's failure ends the launch
 
     def _connect(self, timeout_s: float) -> Any:
         import paramiko
@@ -187,6 +195,8 @@ class _SSH:
         )
         try:
             conn = self._connect(min(deadline_s, 20.0))
+            if self.stopped:
+                return Outcome(h.name, None, error="stopped before it started")
             res = conn.run(remote, hide=True, warn=True, in_stream=False, timeout=deadline_s + 2)
         except CommandTimedOut:
             return Outcome(
@@ -285,8 +295,16 @@ def _stop(
         if isinstance(runner, _Local):
             runner.close()
         else:
-            # A second connection: the first is busy waiting for the command to end.
-            threading.Thread(target=_SSH(h).run, args=(stop_command(h), 15.0), daemon=True).start()
+            runner.stopped = True
+            threading.Thread(target=_stop_remote, args=(h, stop_command(h)), daemon=True).start()
+
+
+def _stop_remote(host: Host, command: str) -> None:
+    """Run the stop command over a second connection (the first waits for the launch), twice:
+    a launch whose start was still on its way at the first pkill is caught by the second."""
+    for pause in (0.0, 3.0):
+        time.sleep(pause)
+        _SSH(host).run(command, 15.0)
 
 
 def fan_out(
