@@ -44,12 +44,12 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     return rows
 
 
-def site(inventory: Path, timeout_s: int) -> tuple[float, int, str]:
+def site(inventory: Path, timeout_s: int, extra: list[str]) -> tuple[float, int, str]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
     bindir = Path(sys.executable).parent
     t0 = time.monotonic()
     proc = subprocess.run(
-        [str(bindir / "ansible-playbook"), "site.yml", "-i", str(inventory)],
+        [str(bindir / "ansible-playbook"), "site.yml", "-i", str(inventory), *extra],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -70,6 +70,9 @@ def main() -> int:
     parser.add_argument("--baseline-s", type=float, help="3-node re-run time to compare with")
     parser.add_argument("--timeout-s", type=int, default=3600)
     parser.add_argument("--out", type=Path, help="also write the JSON record here")
+    parser.add_argument(
+        "--skip-tags", default="", help="stages to leave out, e.g. validate (recorded)"
+    )
     args = parser.parse_args()
     if args.nodes < 1 or args.runs < 1:
         print("rerun_site: --nodes and --runs must be >= 1", file=sys.stderr)
@@ -84,9 +87,10 @@ def main() -> int:
             check=True,
         )  # fmt: skip
 
+    extra = ["--skip-tags", args.skip_tags] if args.skip_tags else []
     record: dict[str, object] = {"nodes": args.nodes, "lab": args.name, "distro": args.distro}
     if not args.no_converge:
-        wall, rc, out = site(inventory, args.timeout_s)
+        wall, rc, out = site(inventory, args.timeout_s, extra)
         record["converge_s"] = round(wall, 1)
         if rc != 0:
             print(out[-5000:], file=sys.stderr)
@@ -95,7 +99,7 @@ def main() -> int:
 
     runs = []
     for _ in range(args.runs):
-        wall, rc, out = site(inventory, args.timeout_s)
+        wall, rc, out = site(inventory, args.timeout_s, extra)
         rows = recap(out)
         runs.append(
             {
@@ -116,7 +120,9 @@ def main() -> int:
         runs=runs,
         best_s=best,
         limit_s=round(limit, 2),
-        command=f"ansible-playbook site.yml -i {inventory.relative_to(ROOT)}",
+        command=" ".join(
+            ["ansible-playbook", "site.yml", "-i", str(inventory.relative_to(ROOT)), *extra]
+        ),
         passed=clean and best <= limit,
         load_avg=os.getloadavg()[0],
     )
