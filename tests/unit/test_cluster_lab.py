@@ -39,11 +39,11 @@ def on_node(node, command):
     )
 
 
-def cluster(*args):
+def cluster(*args, deadline=DEADLINE):
     start = time.monotonic()
     done = subprocess.run(
         [*GPUENV, "cluster", "-i", INVENTORY, "--json", "-", "--no-progress",
-         "--deadline", str(DEADLINE), *args],
+         "--deadline", str(deadline), *args],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     return done, json.loads(done.stdout), time.monotonic() - start
@@ -107,7 +107,8 @@ def test_node_that_breaks_the_launch_is_isolated_by_pairs():
     wanted = version.stdout.strip().split("+")[0]
     assert on_node("node2", f"{pip} uninstall -y -q torch").returncode == 0
     try:
-        done, data, elapsed = cluster("--skip", "check,mpi")
+        # A generous deadline: on a loaded machine a healthy pair's launch alone can take 30 s.
+        done, data, _ = cluster("--skip", "check,mpi", deadline=180)
     finally:
         restored = on_node("node2", f"{pip} install -q --disable-pip-version-check torch=={wanted}")
     assert restored.returncode == 0, restored.stderr
@@ -119,8 +120,8 @@ def test_node_that_breaks_the_launch_is_isolated_by_pairs():
     )
     assert data["isolation"]["bad_nodes"] == [node]
     assert result(data, "isolation")["reason"] == f"bad node(s): {node}"
-    # The waiting ranks are stopped when the broken one fails, not at the deadline.
-    assert elapsed < DEADLINE * 3
+    # The waiting ranks are stopped when the broken one fails, not at the 180 s deadline.
+    assert allreduce["duration_s"] < 60
     for other in ("node1", "node2", "node3"):
         ps = on_node(other, "pgrep -af 'gpuenv[.]cluster|torch[.]distributed|[m]pirun' || true")
         assert ps.stdout.strip() == "", ps.stdout
