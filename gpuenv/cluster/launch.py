@@ -61,19 +61,26 @@ def mpirun(master: Host, hosts: Sequence[Host], nbytes: int, iters: int) -> str:
         argv = ["mpirun", "--oversubscribe", "-np", str(len(hosts)), *worker]
         env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
         return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
-    # One rank per node, on the nodes of the selection only (the hostfile may list more).
-    argv = [
-        "mpirun",
-        "--hostfile",
-        master.hostfile,
-        "--host",
-        ",".join(h.rendezvous_address for h in hosts),
-        "--map-by",
-        "ppr:1:node",
-        "-np",
-        str(len(hosts)),
-        *worker,
-    ]
+    # One rank per node, on the nodes of the selection only. The generated hostfile may list
+    # more nodes; Open MPI 5 rejects `--hostfile F --host <addresses>` when the launching node
+    # is among them ("not enough slots"), so the selection's lines are taken from the generated
+    # hostfile into a private copy, and a node missing from it stops the launch by name.
+    addresses = [h.rendezvous_address for h in hosts]
+    mpirun_argv = ["mpirun", "--hostfile", "$sel", "--map-by", "ppr:1:node"]
+    mpirun_argv += ["-np", str(len(hosts)), *worker]
+    script = "\n".join(
+        [
+            "set -u",
+            "sel=$(mktemp) && trap 'rm -f \"$sel\"' EXIT",
+            f"for a in {shlex.join(addresses)}; do",
+            f"  awk -v a=\"$a\" '$1 == a {{print; f=1; exit}} END {{exit !f}}' "
+            f'{shlex.quote(master.hostfile)} >>"$sel" ||',
+            f'    {{ echo "gpuenv: $a is not in {master.hostfile}" >&2; exit 1; }}',
+            "done",
+            " ".join(shlex.quote(a) if a != "$sel" else '"$sel"' for a in mpirun_argv),
+        ]
+    )
+    argv = ["bash", "-c", script]
     command = shlex.join(argv)
     if master.become_user:
         command = shlex.join(["sudo", "-n", "-u", master.become_user, "-H", "bash", "-lc", command])

@@ -1,0 +1,49 @@
+"""The mpirun command the cluster runner sends to the first node, run here against a fake mpirun."""
+
+import os
+import subprocess
+
+from gpuenv.cluster import launch
+from gpuenv.cluster.inventory import Host
+
+
+def _hosts(tmp_path, *addresses):
+    hostfile = tmp_path / "mpi-hostfile"
+    hostfile.write_text(
+        "# Open MPI hostfile\n10.0.0.1 slots=2\n10.0.0.11 slots=2\n"
+        "10.0.0.2 slots=1\n10.0.0.3 slots=1\n"
+    )
+    return [
+        Host(name=f"n{i}", address=a, rendezvous_address=a, hostfile=str(hostfile))
+        for i, a in enumerate(addresses)
+    ]
+
+
+def _run(tmp_path, command):
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    fake = bindir / "mpirun"
+    # The fake mpirun prints the hostfile it was given, then its arguments.
+    fake.write_text('#!/bin/sh\ncat "$2"\necho "ARGS $*"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env)
+
+
+def test_selection_is_taken_from_the_generated_hostfile(tmp_path):
+    hosts = _hosts(tmp_path, "10.0.0.1", "10.0.0.3")
+    out = _run(tmp_path, launch.mpirun(hosts[0], hosts, 1024, 2))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    # Only the selected nodes, with the slots the mpi role wrote; 10.0.0.11 is not 10.0.0.1.
+    assert lines[:2] == ["10.0.0.1 slots=2", "10.0.0.3 slots=1"]
+    assert "--host " not in lines[2]
+    assert "-np 2" in lines[2] and "--map-by ppr:1:node" in lines[2]
+
+
+def test_node_missing_from_the_hostfile_is_named(tmp_path):
+    hosts = _hosts(tmp_path, "10.0.0.1", "10.0.0.9")
+    out = _run(tmp_path, launch.mpirun(hosts[0], hosts, 1024, 2))
+    assert out.returncode == 1
+    assert "10.0.0.9 is not in" in out.stderr
+    assert "ARGS" not in out.stdout
