@@ -101,7 +101,7 @@ def load(paths: LabPaths) -> LabInventory | None:
 
 
 def remove(paths: LabPaths) -> None:
-    for path in (paths.hosts_file, paths.known_hosts):
+    for path in (paths.hosts_file, paths.known_hosts, paths.host_key_record):
         path.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         paths.inventory_dir.rmdir()

@@ -93,6 +93,13 @@ class LabPaths:
         return self.inventory_dir / "known_hosts"
 
     @property
+    def host_key_record(self) -> Path:
+        """Where the ssh_mesh role records this cluster's host keys (named after the inventory
+        folder). A lab that is taken down and brought up again has new host keys: the old
+        record must go with the old nodes, or the next run reports every node as re-keyed."""
+        return self.root / ".gpuenv" / "ssh" / self.inventory_dir.name / "host_keys.yml"
+
+    @property
     def key_dir(self) -> Path:
         return self.root / ".gpuenv" / "lab" / self.name
 

@@ -75,3 +75,17 @@ def test_lab_key_is_private_and_reused(tmp_path):
     private.chmod(0o644)
     assert keys.ensure_key(private) == public
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
+
+
+def test_down_forgets_the_recorded_host_keys_but_keeps_the_cluster_key(tmp_path):
+    paths = LabPaths(tmp_path, "gpuenv")
+    inventory.write(_inv(), paths)
+    record = tmp_path / ".gpuenv" / "ssh" / "lab" / "host_keys.yml"
+    record.parent.mkdir(parents=True)
+    record.write_text("gpuenv-node1: {}\n")
+    cluster_key = record.parent / "id_gpuenv"
+    cluster_key.write_text("key")
+    assert paths.host_key_record == record
+    inventory.remove(paths)
+    assert not record.exists()
+    assert cluster_key.exists()
