@@ -13,13 +13,34 @@ scripts/venv.sh
 . .venv/bin/activate
 export ANSIBLE_CONFIG="$PWD/ansible.cfg"
 
-echo "demo: bringing up a ${nodes}-node ${distro} lab"
-gpuenv lab up --nodes "$nodes" --distro "$distro"
+case "$distro" in
+  bookworm) pins=inventory/pins/debian-12.yml ;;
+  trixie) pins=inventory/pins/debian-13.yml ;;
+  *) echo "demo: GPUENV_DEMO_DISTRO must be bookworm or trixie, not '$distro'" >&2; exit 2 ;;
+esac
+extra=(-e "@$pins")
+if [ "$distro" = bookworm ]; then
+  # Debian 12 nodes run Python 3.11, for which the CPU build of torch lies on this machine:
+  # the lab's wheelhouse serves it, so DDP (gloo) runs across the lab nodes.
+  mkdir -p .cache/lab/wheels
+  python -m pip download -q -c constraints.txt -d .cache/lab/wheels torch >.cache/lab/wheels.log 2>&1 ||
+    { cat .cache/lab/wheels.log >&2; echo "demo: could not fetch torch for the lab wheelhouse" >&2; exit 1; }
+  extra+=(-e gpu_env_install_torch=true -e gpu_env_torch_package=torch==2.13.0)
+fi
+
+running=$(docker ps --filter label=gpuenv.lab=gpuenv --format '{{.Names}}' | wc -l)
+if [ -f inventory/lab/hosts.yml ] && [ "$running" -eq "$nodes" ]; then
+  echo "demo: reusing the running ${nodes}-node lab (take it down with: gpuenv lab down)"
+else
+  [ "$running" -eq 0 ] || gpuenv lab down
+  echo "demo: bringing up a ${nodes}-node ${distro} lab"
+  gpuenv lab up --nodes "$nodes" --distro "$distro"
+fi
 gpuenv lab status
 
-echo "demo: ansible-playbook site.yml -i inventory/lab/hosts.yml"
+echo "demo: ansible-playbook site.yml -i inventory/lab/hosts.yml ${extra[*]}"
 t0=$SECONDS
-if ansible-playbook site.yml -i inventory/lab/hosts.yml; then
+if ansible-playbook site.yml -i inventory/lab/hosts.yml "${extra[@]}"; then
   echo "demo: OK: site.yml converged and validated the ${nodes}-node lab in $((SECONDS - t0))s"
   echo "demo: try: gpuenv lab ssh node1   |   tear down: gpuenv lab down"
 else
