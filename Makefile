@@ -11,7 +11,7 @@ lint:
 	GPUENV_TEST_STEPS="ruff ruff-format yamllint ansible-lint syntax" scripts/test.sh
 
 unit:
-	GPUENV_TEST_STEPS="unit" scripts/test.sh
+	GPUENV_TEST_STEPS="unit integration" scripts/test.sh
 
 clean:
 	rm -rf .venv .cache

@@ -33,6 +33,7 @@ step yamllint yamllint --strict .
 step ansible-lint ansible-lint --profile production --strict
 step syntax ansible-playbook site.yml --syntax-check -i inventory/example
 step unit python -m pytest -q tests/unit
+step integration python -m pytest -q tests/integration
 
 scenarios=()
 for d in molecule/*/ roles/*/molecule/*/; do
