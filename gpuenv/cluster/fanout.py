@@ -193,39 +193,24 @@ class _SSH:
         remote = (
             f"timeout -k {_KILL_AFTER_S} {max(1, int(deadline_s))} bash -lc {shlex.quote(inner)}"
         )
+
+        def failed(error: str) -> Outcome:
+            return Outcome(h.name, None, "", "", time.monotonic() - start, error)
+
         try:
             conn = self._connect(min(deadline_s, 20.0))
             if self.stopped:
                 return Outcome(h.name, None, error="stopped before it started")
             res = conn.run(remote, hide=True, warn=True, in_stream=False, timeout=deadline_s + 2)
         except CommandTimedOut:
-            return Outcome(
-                h.name,
-                None,
-                "",
-                "",
-                time.monotonic() - start,
-                f"did not finish within {deadline_s:.0f} s",
-            )
+            return failed(f"did not finish within {deadline_s:.0f} s")
         except paramiko.BadHostKeyException as exc:
-            return Outcome(
-                h.name,
-                None,
-                "",
-                "",
-                time.monotonic() - start,
+            return failed(
                 f"host key of {h.address} CHANGED (not the one in "
-                f"{', '.join(h.known_hosts)}): refused ({exc})",
+                f"{', '.join(h.known_hosts)}): refused ({exc})"
             )
         except paramiko.AuthenticationException as exc:
-            return Outcome(
-                h.name,
-                None,
-                "",
-                "",
-                time.monotonic() - start,
-                f"authentication as {h.user or 'the current user'} failed: {exc}",
-            )
+            return failed(f"authentication as {h.user or 'the current user'} failed: {exc}")
         except paramiko.SSHException as exc:
             msg = str(exc)
             if "not found in known_hosts" in msg:
@@ -233,16 +218,9 @@ class _SSH:
                     f"host key of {h.address} is not in {', '.join(h.known_hosts)}: "
                     "refused (gpuenv never adds unknown host keys)"
                 )
-            return Outcome(h.name, None, "", "", time.monotonic() - start, f"ssh: {msg}")
+            return failed(f"ssh: {msg}")
         except (OSError, EOFError) as exc:
-            return Outcome(
-                h.name,
-                None,
-                "",
-                "",
-                time.monotonic() - start,
-                f"unreachable at {h.address}:{h.port}: {exc or type(exc).__name__}",
-            )
+            return failed(f"unreachable at {h.address}:{h.port}: {exc or type(exc).__name__}")
         finally:
             self.close()
         rc = res.exited
