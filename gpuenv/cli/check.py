@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuenv.cli.argtypes import positive
 from gpuenv.errors import BadInput
 
 CHECK_NAMES = ("system", "cupy", "streams", "nccl", "ddp", "mpi")
@@ -23,16 +24,6 @@ def _non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (a number > 0), got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds (a number > 0), got {text!r}")
     return value
 
 
@@ -69,7 +60,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML")
     p.add_argument(
         "--deadline",
-        type=_positive_seconds,
+        type=positive(float, "seconds (a number > 0)"),
         metavar="SECONDS",
         help="deadline of each check, replacing the per-check defaults",
     )

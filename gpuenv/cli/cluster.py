@@ -10,22 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuenv.cli.argtypes import positive
 from gpuenv.errors import BadInput
 
 STAGES = ("check", "consistency", "rendezvous", "torch", "mpi", "pairs")
-
-
-def _positive(kind: type[int] | type[float], what: str) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-
-    return parse
 
 
 def _sizes(text: str) -> list[int]:
@@ -60,7 +48,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--html", metavar="FILE", help="write the self-contained HTML report")
     p.add_argument(
         "--deadline",
-        type=_positive(float, "seconds > 0"),
+        type=positive(float, "seconds > 0"),
         default=300.0,
         help="deadline of each node's command and of each launch (default 300)",
     )
@@ -72,19 +60,19 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--min-busbw",
-        type=_positive(float, "GB/s > 0"),
+        type=positive(float, "GB/s > 0"),
         metavar="GBPS",
         help="all-node busbw below this fails and starts bad-node isolation",
     )
     p.add_argument(
         "--pair-relative",
-        type=_positive(float, "a fraction > 0"),
+        type=positive(float, "a fraction > 0"),
         default=0.5,
         help="without --min-busbw, a pair fails below this x the median (default 0.5)",
     )
     p.add_argument(
         "--nproc-per-node",
-        type=_positive(int, "a whole number > 0"),
+        type=positive(int, "a whole number > 0"),
         help="ranks per node for torchrun (default: its GPUs, 1 without GPUs)",
     )
     p.add_argument(
