@@ -104,7 +104,8 @@ def _nccl_env() -> dict[str, str]:
             for line in conf:
                 key, sep, value = line.strip().partition("=")
                 if sep and not key.startswith("#"):
-                    facts[f"nccl.conf.{key.strip()}"] = value.strip()
+                    # NCCL keeps the first value of a key it reads from the file.
+                    facts.setdefault(f"nccl.conf.{key.strip()}", value.strip())
     except OSError:
         pass
     return facts
