@@ -2,6 +2,7 @@
 
     python benchmarks/rerun_site.py --nodes 3 --name h4lab [--distro trixie] [--runs 3]
     python benchmarks/rerun_site.py --nodes 12 --name h4lab12 --baseline-s 14.2
+    python benchmarks/rerun_site.py --nodes 3 --name light3 --vars benchmarks/vars/light-trixie.yml
 
 Brings the lab up when its inventory is missing (`gpuenv lab up`), converges it once with
 site.yml (untimed, skipped with --no-converge), then re-runs `ansible-playbook site.yml` --runs
@@ -73,11 +74,22 @@ def main() -> int:
     parser.add_argument(
         "--skip-tags", default="", help="stages to leave out, e.g. validate (recorded)"
     )
+    parser.add_argument(
+        "--vars",
+        type=Path,
+        action="append",
+        default=[],
+        help="variables file for -e @FILE (repeatable), e.g. benchmarks/vars/light-trixie.yml",
+    )
     args = parser.parse_args()
     if args.nodes < 1 or args.runs < 1:
         print("rerun_site: --nodes and --runs must be >= 1", file=sys.stderr)
         return 2
 
+    missing = [str(f) for f in args.vars if not f.is_file()]
+    if missing:
+        print(f"rerun_site: --vars file not found: {', '.join(missing)}", file=sys.stderr)
+        return 2
     inventory = ROOT / "inventory" / f"lab-{args.name}" / "hosts.yml"
     gpuenv = Path(sys.executable).with_name("gpuenv")
     if not inventory.exists():
@@ -88,6 +100,9 @@ def main() -> int:
         )  # fmt: skip
 
     extra = ["--skip-tags", args.skip_tags] if args.skip_tags else []
+    for file in args.vars:
+        path = file.resolve()
+        extra += ["-e", f"@{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"]
     record: dict[str, object] = {"nodes": args.nodes, "lab": args.name, "distro": args.distro}
     if not args.no_converge:
         wall, rc, out = site(inventory, args.timeout_s, extra)
