@@ -72,17 +72,6 @@ def ssh_mesh_merge(
     return {"hosts": hosts, "rekeyed": rekeyed, "missing": missing}
 
 
-def ssh_mesh_host_keys(facts: dict[str, Any]) -> list[str]:
-    """'type base64' host keys from the ssh_pub_keys facts (setup's ssh_host_key_*_public)."""
-    keys = []
-    for name, value in facts.items():
-        if name.startswith("ssh_host_key_") and name.endswith("_public"):
-            keytype = facts.get(f"{name}_keytype")
-            if keytype and value:
-                keys.append(f"{keytype} {value}")
-    return _key_set(keys)
-
-
 def ssh_mesh_known_hosts(hosts: dict[str, Any]) -> list[str]:
     """known_hosts lines, one per host key, in a stable order."""
     lines = []
@@ -99,6 +88,5 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "ssh_mesh_merge": ssh_mesh_merge,
-            "ssh_mesh_host_keys": ssh_mesh_host_keys,
             "ssh_mesh_known_hosts": ssh_mesh_known_hosts,
         }
