@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# site.yml on the GPU machine against itself (local connection, no network), then the cluster
+# environment it built: the GPU branch of gpu_env (CuPy, torch in /opt/gpuenv), the login-shell
+# environment, `gpuenv check` from that venv, and the node suite (tests/node) with its GPU tests.
+#
+#   bash benchmarks/gpu_machine_site.sh          # on the GPU machine, from the repository root
+#
+# Needs: .whl/gs-ansible (ansible-core and its wheels for the machine's Python) and .whl/gpu-node
+# (rich, PyYAML, jinja2, nvidia-ml-py, setuptools, pytest, pytest-testinfra …), both carried; the
+# machine's own Python stack (torch, cupy, mpi4py, numpy) is repacked into a wheelhouse by
+# scripts/repack_wheels.py, because the machine cannot reach any index. Writes logs under $OUT.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/gpuenv-out}
+mkdir -p "$OUT"
+py=$(command -v python3)
+say() { printf '\n== %s (%s)\n' "$*" "$(date +%T)" | tee -a "$OUT/steps.log"; }
+
+say "ansible-core and test tools into /tmp/site"
+"$py" -m pip install -q --no-index --find-links .whl/gs-ansible --find-links .whl/gpu-node \
+  --target /tmp/site ansible-core setuptools wheel pytest pytest-testinfra >"$OUT/pip-site.log" 2>&1 ||
+  { tail -20 "$OUT/pip-site.log"; exit 1; }
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH ANSIBLE_CONFIG=$PWD/ansible.cfg
+
+say "wheelhouse /tmp/wh from $($py -c 'import sys; print(sys.prefix)') and .whl/gpu-node"
+t0=$SECONDS
+"$py" scripts/repack_wheels.py /tmp/wh >"$OUT/repack.log" 2>&1
+echo "repack rc=$? in $((SECONDS - t0)) s, $(ls /tmp/wh | wc -l) wheels, $(du -sh /tmp/wh | cut -f1)" | tee -a "$OUT/steps.log"
+cp .whl/gpu-node/*.whl /tmp/wh/
+
+cat >/tmp/gpu-inv.yml <<EOF
+all:
+  hosts:
+    gpu0:
+      ansible_connection: local
+      ansible_host: 127.0.0.1
+      ansible_python_interpreter: $py
+  vars:
+    nvidia_driver_install_method: nvidia_repo
+    nvidia_driver_branch: "580"
+    cuda_toolkit_install_method: nvidia_repo
+    cuda_toolkit_version: "13.0"
+    nccl_install_method: pip
+    nccl_version: "2.28"
+    gpu_env_pip_no_index: true
+    gpu_env_pip_find_links: [/tmp/wh]
+    gpu_env_install_torch: true
+EOF
+# The ssh stage needs an SSH server (the machine has none); validate is `gpuenv check` below.
+skip=ssh,validate
+site() { # name, extra args…
+  local name=$1; shift
+  say "site.yml $name: --skip-tags $skip $*"
+  local t=$SECONDS
+  ansible-playbook site.yml -i /tmp/gpu-inv.yml --skip-tags "$skip" "$@" >"$OUT/site-$name.log" 2>&1
+  local rc=$?
+  echo "site-$name rc=$rc wall=$((SECONDS - t)) s $(grep -E '^gpu0 +:' "$OUT/site-$name.log")" | tee -a "$OUT/steps.log"
+  grep -E '^(fatal|failed):' -A3 "$OUT/site-$name.log" | cut -c1-1500 | head -20
+  return $rc
+}
+cp /etc/nccl.conf "$OUT/nccl.conf.before" 2>/dev/null
+# Without network the mpi stage can only detect an Open MPI that dpkg knows; if it cannot, the
+# other stages still run (and the reason is in site-run1.log).
+site run1 || { skip=ssh,mpi,validate; site run1b; }
+site run2
+site check --check
+cp /etc/nccl.conf "$OUT/nccl.conf.after" 2>/dev/null
+
+say "login shell sees the environment and the venv"
+bash -lc 'echo CUDA_HOME=$CUDA_HOME; echo PATH=$PATH; echo LD_LIBRARY_PATH=$LD_LIBRARY_PATH; env | grep ^NCCL_ | sort
+  command -v python; python -c "import cupy, torch, mpi4py, gpuenv, numpy
+print(\"cupy\", cupy.__version__, \"cuda\", cupy.cuda.runtime.runtimeGetVersion(), \"gpus\", cupy.cuda.runtime.getDeviceCount())
+print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available(), torch.cuda.device_count())
+print(\"mpi4py\", mpi4py.__version__, \"numpy\", numpy.__version__)
+print(\"sum\", float(cupy.arange(1 << 20, dtype=cupy.float64).sum()))"' >"$OUT/login.log" 2>&1
+cat "$OUT/login.log"
+
+say "gpuenv check from /opt/gpuenv"
+bash -lc "gpuenv check --profile quick --json $OUT/check.json --junit $OUT/check.xml" >"$OUT/check.log" 2>&1
+echo "check rc=$?" | tee -a "$OUT/steps.log"
+tail -15 "$OUT/check.log"
+
+# The ssh stage is skipped (no sshd on the machine), so the mesh tests are left out.
+say "node suite against the same inventory (without the ssh mesh tests)"
+python3 -m pytest -q -p no:cacheprovider tests/node --ignore tests/node/test_ssh_mesh.py --hosts=ansible://all --ansible-inventory=/tmp/gpu-inv.yml \
+  -rs >"$OUT/node-suite.log" 2>&1
+echo "node-suite rc=$?" | tee -a "$OUT/steps.log"
+tail -40 "$OUT/node-suite.log"
