@@ -9,8 +9,10 @@ default: all of them) skips saying so; a check that needs a GPU skips on a node 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -64,11 +66,54 @@ def venv(host) -> str:
     return str(hostvars(host).get("gpu_env_venv", "/opt/gpuenv"))
 
 
+def is_root(host) -> bool:
+    """Whether the connection runs as root already (then sudo, which a node may lack, is unused)."""
+    return host.user().uid == 0
+
+
+@contextlib.contextmanager
+def as_root(host) -> Iterator[None]:
+    """Run the block's commands as root: directly when connected as root, else through sudo."""
+    if is_root(host):
+        yield
+    else:
+        with host.sudo():
+            yield
+
+
 def as_user(host, user: str, command: str, login: bool = True):
-    """Run a command as another user (through sudo), in a login shell by default."""
+    """Run a command as another user (sudo, or runuser when connected as root), in a login shell
+    by default, with that user's HOME."""
     shell = "bash -lc" if login else "bash -c"
+    if is_root(host):
+        home = host.user(user).home
+        return host.run(
+            f"runuser -u {shlex.quote(user)} -- env HOME={shlex.quote(home)} "
+            f"{shell} {shlex.quote(command)}"
+        )
     with host.sudo():
         return host.run(f"sudo -u {shlex.quote(user)} -H {shell} {shlex.quote(command)}")
+
+
+def driver_left_alone(host) -> str:
+    """Why the driver role left this node's driver alone, or "" when gpuenv's packages manage it.
+
+    The role leaves a loaded driver of the requested branch unchanged (a runfile or an image put
+    it there); then no package of it is held and nothing blacklists nouveau.
+    """
+    version = host.file("/sys/module/nvidia/version")
+    if not version.exists:
+        return ""
+    packaged = host.run(
+        "dpkg-query -W -f='${Package} ${Status}\\n' 'nvidia-driver*' 'cuda-drivers*' nvidia-smi "
+        "libcuda1 'libnvidia-compute-*' 2>/dev/null | grep -c ' ok installed$'"
+    )
+    if packaged.stdout.strip() not in ("", "0"):
+        return ""
+    return (
+        f"driver {version.content_string.strip()} was loaded before gpuenv and no package of "
+        "it is installed: the nvidia_driver role left it unchanged"
+    )
 
 
 def local_fact(host, name: str) -> dict[str, Any] | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from nodehelpers import as_user, cluster_user, hostvars, require, require_gpu, venv
+from nodehelpers import as_root, as_user, cluster_user, hostvars, require, require_gpu, venv
 
 CUDA_CANDIDATES = ("/usr/local/cuda", "/usr/lib/nvidia-cuda-toolkit", "/usr/lib/cuda")
 
@@ -49,7 +49,7 @@ def test_services_see_the_environment(host):
     if not hostvars(host).get("gpu_env_systemd", True):
         pytest.skip("gpu_env_systemd is false: services get no gpuenv environment")
     # A real (transient) service, not just the manager's settings.
-    with host.sudo():
+    with as_root(host):
         out = host.check_output("systemd-run --wait --pipe --quiet env")
     assert f"GPUENV_VENV={venv(host)}" in out.splitlines(), out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from nodehelpers import hostvars, require, require_gpu
+from nodehelpers import driver_left_alone, hostvars, require, require_gpu
 
 NCCL_VERSION = (
     "import ctypes; lib = ctypes.CDLL('libnccl.so.2'); v = ctypes.c_int(); "
@@ -15,6 +15,11 @@ NCCL_VERSION = (
 
 def test_nouveau_blacklisted(host):
     require(host, "driver")
+    alone = driver_left_alone(host)
+    if alone:
+        # Not blacklisted by gpuenv then, but nouveau must still not be the driver in use.
+        assert not host.file("/sys/module/nouveau").exists, f"nouveau is loaded ({alone})"
+        return
     out = host.run(
         "grep -rhsE '^[[:space:]]*blacklist[[:space:]]+nouveau' "
         "/etc/modprobe.d /lib/modprobe.d /usr/lib/modprobe.d"
@@ -26,6 +31,9 @@ def test_driver_packages_held(host):
     require(host, "driver")
     if hostvars(host).get("nvidia_driver_hold") is False:
         pytest.skip("nvidia_driver_hold is false in the inventory")
+    alone = driver_left_alone(host)
+    if alone:
+        pytest.skip(alone)
     held = host.check_output("apt-mark showhold").split()
     nvidia = [p for p in held if re.match(r"^(nvidia|libnvidia|libcuda|cuda-drivers)", p)]
     assert nvidia, f"no NVIDIA driver package is held (held: {held})"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from nodehelpers import address, as_user, cluster_user, hostvars, peer, require
+from nodehelpers import address, as_root, as_user, cluster_user, hostvars, peer, require
 
 KEY_FILES = "/etc/ssh/ssh_host_*_key.pub"
 
@@ -29,7 +29,7 @@ def test_cluster_key_installed_and_authorized(host):
     _mesh(host)
     user = cluster_user(host)
     name = hostvars(host).get("ssh_mesh_key_name", "id_gpuenv")
-    with host.sudo():
+    with as_root(host):
         home = host.user(user).home
         key = host.file(f"{home}/.ssh/{name}")
         assert key.exists, f"{key.path} missing"
