@@ -36,10 +36,16 @@ def _record_hash(data: bytes) -> str:
 
 
 def wheel_tag(dist: metadata.Distribution) -> str:
-    """The first tag of the distribution's WHEEL file (py3-none-any when it has none)."""
+    """The compressed tag set of the distribution's WHEEL file, e.g. py2.py3-none-any for the tags
+    py2-none-any and py3-none-any (py3-none-any when it has none)."""
     text = dist.read_text("WHEEL") or ""
     tags = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:")]
-    return tags[0] if tags else "py3-none-any"
+    parts: list[list[str]] = [[], [], []]
+    for tag in tags:
+        for seen, part in zip(parts, tag.split("-", 2), strict=False):
+            if part not in seen:
+                seen.append(part)
+    return "-".join(".".join(p) for p in parts) if tags else "py3-none-any"
 
 
 def repack(dist: metadata.Distribution, out_dir: Path) -> Path:

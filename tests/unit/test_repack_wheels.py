@@ -48,3 +48,20 @@ def test_repacked_wheel_installs_without_an_index(tmp_path: Path) -> None:
 def test_unknown_distribution_is_bad_input(tmp_path: Path, capsys) -> None:
     assert rw.main([str(tmp_path), "--only", "no-such-dist-gpuenv"]) == 2
     assert "no-such-dist-gpuenv" in capsys.readouterr().err
+
+
+class _Dist:
+    def __init__(self, wheel: str) -> None:
+        self._wheel = wheel
+
+    def read_text(self, name: str) -> str:
+        return self._wheel
+
+
+def test_wheel_tag_keeps_every_tag() -> None:
+    # A py2.py3 wheel must not become py2-only (pip on Python 3 would ignore it).
+    both = "Wheel-Version: 1.0\nTag: py2-none-any\nTag: py3-none-any\n"
+    assert rw.wheel_tag(_Dist(both)) == "py2.py3-none-any"
+    many = "Tag: cp312-cp312-manylinux_2_17_x86_64\nTag: cp312-cp312-manylinux2014_x86_64\n"
+    assert rw.wheel_tag(_Dist(many)) == "cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64"
+    assert rw.wheel_tag(_Dist("")) == "py3-none-any"
