@@ -25,7 +25,8 @@ export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH ANSIBLE_CONFIG=$PWD/ansible
 
 say "wheelhouse /tmp/wh from $($py -c 'import sys; print(sys.prefix)') and .whl/gpu-node"
 t0=$SECONDS
-"$py" scripts/repack_wheels.py /tmp/wh >"$LOG/repack.log" 2>&1
+rm -rf /tmp/wh   # a warm machine keeps the last run's
+env -u PYTHONPATH "$py" scripts/repack_wheels.py /tmp/wh >"$LOG/repack.log" 2>&1
 echo "repack rc=$? in $((SECONDS - t0)) s, $(ls /tmp/wh | wc -l) wheels, $(du -sh /tmp/wh | cut -f1)" | tee -a "$LOG/steps.log"
 cp .whl/gpu-node/*.whl /tmp/wh/
 

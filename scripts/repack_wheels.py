@@ -65,11 +65,15 @@ def repack(dist: metadata.Distribution, out_dir: Path) -> Path:
             rel = item.as_posix()
             if rel.startswith("..") or rel.startswith("/") or "__pycache__" in rel:
                 continue
-            if rel.endswith(".dist-info/RECORD"):
-                record_name = rel
-                continue
-            if rel.endswith((".dist-info/INSTALLER", ".dist-info/REQUESTED", "direct_url.json")):
-                continue
+            # Only the distribution's own top-level .dist-info is metadata; packages vendor
+            # others' .dist-info folders inside their own tree (setuptools/_vendor/…).
+            top, _, leaf = rel.partition("/")
+            if top.endswith(".dist-info") and "/" not in leaf:
+                if leaf == "RECORD":
+                    record_name = rel
+                    continue
+                if leaf in ("INSTALLER", "REQUESTED", "direct_url.json"):
+                    continue
             path = base / rel
             if not path.is_file():
                 continue

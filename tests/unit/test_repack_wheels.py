@@ -65,3 +65,30 @@ def test_wheel_tag_keeps_every_tag() -> None:
     many = "Tag: cp312-cp312-manylinux_2_17_x86_64\nTag: cp312-cp312-manylinux2014_x86_64\n"
     assert rw.wheel_tag(_Dist(many)) == "cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64"
     assert rw.wheel_tag(_Dist("")) == "py3-none-any"
+
+
+def test_vendored_dist_info_stays_a_plain_file(tmp_path: Path) -> None:
+    # setuptools vendors packages with their own .dist-info/RECORD inside its tree.
+    wheels = tmp_path / "wh"
+    assert rw.main([str(wheels), "--only", "setuptools"]) == 0
+    (made,) = wheels.glob("setuptools-*.whl")
+    with zipfile.ZipFile(made) as wheel:
+        names = wheel.namelist()
+    records = [n for n in names if n.endswith("RECORD")]
+    own = [n for n in records if n.count("/") == 1]
+    assert len(own) == 1 and own[0].startswith("setuptools-"), records
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--target",
+            str(tmp_path / "site"),
+            str(made),
+        ],
+        check=True,
+    )
