@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from nodehelpers import as_root, as_user, cluster_user, hostvars, require, require_gpu, venv
+from nodehelpers import (
+    as_root,
+    as_user,
+    cluster_user,
+    components,
+    hostvars,
+    require,
+    require_gpu,
+    venv,
+)
 
 CUDA_CANDIDATES = ("/usr/local/cuda", "/usr/lib/nvidia-cuda-toolkit", "/usr/lib/cuda")
 
@@ -17,7 +26,12 @@ def _cuda_home(host) -> str | None:
 
 
 def _login_env(host) -> dict[str, str]:
-    res = as_user(host, cluster_user(host), "env")
+    """A login shell's environment: the cluster user's where the inventory creates it (ssh_mesh),
+    else the connection user's."""
+    if "ssh" in components(host):
+        res = as_user(host, cluster_user(host), "env")
+    else:
+        res = host.run("bash -lc env")
     assert res.rc == 0, res.stderr
     return dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
 
@@ -48,6 +62,8 @@ def test_services_see_the_environment(host):
     require(host, "env")
     if not hostvars(host).get("gpu_env_systemd", True):
         pytest.skip("gpu_env_systemd is false: services get no gpuenv environment")
+    if not host.file("/run/systemd/system").is_directory:
+        pytest.skip("systemd is not this node's init: there are no services to look at")
     # A real (transient) service, not just the manager's settings.
     with as_root(host):
         out = host.check_output("systemd-run --wait --pipe --quiet env")
