@@ -4,6 +4,7 @@
 # environment, `gpuenv check` from that venv, and the node suite (tests/node) with its GPU tests.
 #
 #   bash benchmarks/gpu_machine_site.sh          # on the GPU machine, from the repository root
+#   GPUENV_FRESH=1 bash benchmarks/gpu_machine_site.sh   # first remove what an earlier run wrote
 #
 # Needs: .whl/gs-ansible (ansible-core and its wheels for the machine's Python) and .whl/gpu-node
 # (rich, PyYAML, jinja2, nvidia-ml-py, setuptools, pytest, pytest-testinfra …), both carried; the
@@ -71,6 +72,15 @@ site() { # name, extra args…
   grep -E '^(fatal|failed):' -A3 "$LOG/site-$name.log" | cut -c1-1500 | head -20
   return $rc
 }
+if [ "${GPUENV_FRESH:-0}" = 1 ]; then
+  # A warm machine keeps what the last run wrote: remove it so run1 is a first converge again.
+  say "removing what an earlier run of the roles wrote (GPUENV_FRESH=1)"
+  rm -rf /opt/gpuenv /opt/nccl /etc/gpuenv /etc/profile.d/gpuenv.sh /etc/environment.d/60-gpuenv.conf \
+    /etc/systemd/system.conf.d/60-gpuenv.conf /etc/systemd/user.conf.d/60-gpuenv.conf \
+    /etc/openmpi/openmpi-mca-params.conf.gpuenv~ /etc/ansible/facts.d/gpuenv_mpi.fact
+  sed -i '/^# BEGIN gpuenv nccl role/,/^# END gpuenv nccl role/d' /etc/nccl.conf 2>/dev/null
+  sed -i '/^# BEGIN gpuenv mpi role/,/^# END gpuenv mpi role/d' /etc/openmpi/openmpi-mca-params.conf 2>/dev/null
+fi
 cp /etc/nccl.conf "$LOG/nccl.conf.before" 2>/dev/null
 # Without network the mpi stage can only detect an Open MPI that dpkg knows; if it cannot, the
 # other stages still run (and the reason is in site-run1.log).

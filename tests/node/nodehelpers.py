@@ -95,6 +95,16 @@ def as_user(host, user: str, command: str, login: bool = True):
         return host.run(f"sudo -u {shlex.quote(user)} -H {shell} {shlex.quote(command)}")
 
 
+def login_run(host, command: str):
+    """Run a command in a login shell as the cluster user where the inventory creates one
+    (ssh_mesh), else as the connection user (Open MPI is then told that root is intended)."""
+    if "ssh" in components(host):
+        return as_user(host, cluster_user(host), command)
+    if is_root(host):
+        command = f"export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; {command}"
+    return host.run(f"bash -lc {shlex.quote(command)}")
+
+
 def driver_left_alone(host) -> str:
     """Why the driver role left this node's driver alone, or "" when gpuenv's packages manage it.
 

@@ -3,16 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from nodehelpers import (
-    as_root,
-    as_user,
-    cluster_user,
-    components,
-    hostvars,
-    require,
-    require_gpu,
-    venv,
-)
+from nodehelpers import as_root, hostvars, login_run, require, require_gpu, venv
 
 CUDA_CANDIDATES = ("/usr/local/cuda", "/usr/lib/nvidia-cuda-toolkit", "/usr/lib/cuda")
 
@@ -26,12 +17,8 @@ def _cuda_home(host) -> str | None:
 
 
 def _login_env(host) -> dict[str, str]:
-    """A login shell's environment: the cluster user's where the inventory creates it (ssh_mesh),
-    else the connection user's."""
-    if "ssh" in components(host):
-        res = as_user(host, cluster_user(host), "env")
-    else:
-        res = host.run("bash -lc env")
+    """A login shell's environment (the cluster user's, or the connection user's: login_run)."""
+    res = login_run(host, "env")
     assert res.rc == 0, res.stderr
     return dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
 

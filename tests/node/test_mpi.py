@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from nodehelpers import as_user, cluster_user, hostvars, local_fact, require, venv
+from nodehelpers import hostvars, local_fact, login_run, require, venv
 
 ALLREDUCE = """
 import json
@@ -79,6 +79,6 @@ def test_local_mpi4py_allreduce(host):
     py = f"{venv(host)}/bin/python"
     script = ALLREDUCE.replace("'", "'\"'\"'")
     cmd = f"cd /tmp && timeout 120 mpirun --oversubscribe -np 2 {py} -c '{script}'"
-    res = as_user(host, cluster_user(host), cmd)
+    res = login_run(host, cmd)
     assert res.rc == 0, res.stderr
     assert '"ok": true' in res.stdout and '"size": 2' in res.stdout, res.stdout
