@@ -101,6 +101,11 @@ CASES: dict[str, Case] = {
         {**GOOD_TRIXIE, "nvidia_driver_install_method": "runfile"},
         ("nvidia_driver_install_method", "distro", "nvidia_repo"),
     ),
+    "no-index-without-find-links": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "gpu_env_pip_no_index": True, "gpu_env_pip_find_links": []},
+        ("gpu_env_pip_no_index is true but gpu_env_pip_find_links is empty",),
+    ),
     "malformed-driver-branch": Case(
         TRIXIE,
         {**GOOD_TRIXIE, "nvidia_driver_branch": "latest"},
