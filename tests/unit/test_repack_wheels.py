@@ -15,6 +15,15 @@ rw = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(rw)
 
 
+def _install(wheel: Path, target: Path) -> None:
+    """pip installs the wheel into target with no index at all."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+         "--target", str(target), str(wheel)],
+        check=True,
+    )  # fmt: skip
+
+
 def test_repacked_wheel_installs_without_an_index(tmp_path: Path) -> None:
     wheels = tmp_path / "wh"
     assert rw.main([str(wheels), "--only", "PyYAML"]) == 0
@@ -27,21 +36,7 @@ def test_repacked_wheel_installs_without_an_index(tmp_path: Path) -> None:
     assert "yaml/__init__.py" in names
     assert all(",sha256=" in row for row in rows if not row.startswith(record))
     target = tmp_path / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-index",
-            "--no-deps",
-            "--target",
-            str(target),
-            str(made),
-        ],
-        check=True,
-    )
+    _install(made, target)
     assert (target / "yaml" / "__init__.py").is_file()
 
 
@@ -77,18 +72,4 @@ def test_vendored_dist_info_stays_a_plain_file(tmp_path: Path) -> None:
     records = [n for n in names if n.endswith("RECORD")]
     own = [n for n in records if n.count("/") == 1]
     assert len(own) == 1 and own[0].startswith("setuptools-"), records
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-index",
-            "--no-deps",
-            "--target",
-            str(tmp_path / "site"),
-            str(made),
-        ],
-        check=True,
-    )
+    _install(made, tmp_path / "site")

@@ -14,23 +14,13 @@ import importlib.metadata
 import json
 import os
 import re
-import subprocess
 import sys
 
-
-def run(argv: list[str]) -> tuple[int, str]:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    except OSError:
-        return 127, ""
-    return done.returncode, done.stdout
-
-
-def installed(packages: list[str]) -> list[str]:
-    if not packages:
-        return []
-    _, out = run(["dpkg-query", "-W", "-f=${Package} ${Status}\n", *packages])
-    return [line.split()[0] for line in out.splitlines() if line.endswith(" ok installed")]
+if "run" not in globals():  # run as a file (tests): the helpers come from roles/gpuenv_common
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(__file__), "..", "..", "gpuenv_common", "files")
+    )
+    from probe_lib import installed, run
 
 
 def read(path: str) -> str | None:

@@ -107,34 +107,34 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
+_PATH = {"path": {"type": "path", "required": True}}
+
+
+def _owned(mode: str) -> dict:
+    """Mode, owner and group options with their defaults."""
+    return {
+        "mode": {"type": "str", "default": mode},
+        "owner": {"type": "str", "default": "root"},
+        "group": {"type": "str", "default": "root"},
+    }
+
+
 _ENTRY_SPECS = {
-    "directories": {
-        "path": {"type": "path", "required": True},
-        "mode": {"type": "str", "default": "0755"},
-        "owner": {"type": "str", "default": "root"},
-        "group": {"type": "str", "default": "root"},
-    },
+    "directories": {**_PATH, **_owned("0755")},
     "files": {
-        "path": {"type": "path", "required": True},
+        **_PATH,
         "content": {"type": "str", "required": True},
-        "mode": {"type": "str", "default": "0644"},
-        "owner": {"type": "str", "default": "root"},
-        "group": {"type": "str", "default": "root"},
+        **_owned("0644"),
         "backup": {"type": "bool", "default": False},
     },
     "blocks": {
-        "path": {"type": "path", "required": True},
+        **_PATH,
         "block": {"type": "str", "required": True},
         "marker": {"type": "str", "default": "# {mark} gpuenv managed block"},
         "position": {"type": "str", "default": "bottom", "choices": ["top", "bottom"]},
-        "mode": {"type": "str", "default": "0644"},
-        "owner": {"type": "str", "default": "root"},
-        "group": {"type": "str", "default": "root"},
+        **_owned("0644"),
     },
-    "links": {
-        "path": {"type": "path", "required": True},
-        "src": {"type": "str", "required": True},
-    },
+    "links": {**_PATH, "src": {"type": "str", "required": True}},
 }
 
 

@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import pwd
-import subprocess
 import sys
 
 # Where and which host keys setup's ssh_pub_keys facts read (the first folder holding any wins).
@@ -20,19 +19,11 @@ HOST_KEY_DIRS = ("/etc/ssh", "/etc/openssh", "/etc")
 HOST_KEY_TYPES = ("dsa", "rsa", "ecdsa", "ed25519")
 
 
-def run(argv: list[str]) -> tuple[int, str]:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    except OSError:
-        return 127, ""
-    return done.returncode, done.stdout
-
-
-def installed(packages: list[str]) -> list[str]:
-    if not packages:
-        return []
-    _, out = run(["dpkg-query", "-W", "-f=${Package} ${Status}\n", *packages])
-    return [line.split()[0] for line in out.splitlines() if line.endswith(" ok installed")]
+if "run" not in globals():  # run as a file (tests): the helpers come from roles/gpuenv_common
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(__file__), "..", "..", "gpuenv_common", "files")
+    )
+    from probe_lib import installed, run
 
 
 def file_state(path: str) -> dict | None:

@@ -1,0 +1,24 @@
+"""Helpers the roles' node probes share (roles/*/files/*_probe.py).
+
+A role runs a probe as `python3 -c <probe_lib.py + the probe>` (tasks put the two texts one after
+the other), so the probe finds these names defined; a probe run as a file (tests) imports them.
+"""
+
+import subprocess
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    """Exit status and standard output of a command; 127 when it cannot be started."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    except OSError:
+        return 127, ""
+    return done.returncode, done.stdout
+
+
+def installed(packages: list[str]) -> list[str]:
+    """The packages of the list that dpkg has installed."""
+    if not packages:
+        return []
+    _, out = run(["dpkg-query", "-W", "-f=${Package} ${Status}\n", *packages])
+    return [line.split()[0] for line in out.splitlines() if line.endswith(" ok installed")]
