@@ -29,6 +29,8 @@ def _load(name: str, path: str) -> ModuleType:
 ssh_probe = _load("ssh_mesh_probe", "roles/ssh_mesh/files/ssh_mesh_probe.py")
 mpi_probe = _load("mpi_probe", "roles/mpi/files/mpi_probe.py")
 env_probe = _load("gpu_env_probe", "roles/gpu_env/files/gpu_env_probe.py")
+nccl_probe = _load("nccl_pip_probe", "roles/nccl/files/nccl_pip_probe.py")
+cuda_probe = _load("cuda_pip_probe", "roles/cuda_toolkit/files/cuda_pip_probe.py")
 env_filters = _load("gpu_env_filters", "roles/gpu_env/filter_plugins/gpu_env.py")
 unsatisfied = env_filters.gpu_env_unsatisfied
 
@@ -149,3 +151,29 @@ def test_gpu_env_probe_lists_the_venv_distributions(tmp_path: Path) -> None:
     (tmp_path / "venv/bin/python").symlink_to("/usr/bin/python3")
     assert env_probe.venv(str(tmp_path / "venv")) == {"python": True, "dists": {"foo-bar": "1.2"}}
     assert env_probe.venv(str(tmp_path / "none")) == {"python": False, "dists": {}}
+
+
+def _dist(site: Path, name: str, version: str) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_nccl_pip_probe_finds_the_prefix_wheel(tmp_path: Path, capsys) -> None:
+    site = tmp_path / "nccl/venv/lib/python3.11/site-packages"
+    _dist(site, "nvidia_nccl_cu11", "2.21.5")
+    nccl_probe.main("nvidia-nccl-cu11", str(tmp_path / "nccl"), "no-such-deb-gpuenv")
+    found = json.loads(capsys.readouterr().out)
+    assert found["prefix"] == {"version": "2.21.5", "dir": f"{site}/nvidia/nccl"}
+    assert "system" not in found and found["debs"] == []
+
+
+def test_cuda_pip_probe_reports_only_the_wanted_wheels(tmp_path: Path, capsys) -> None:
+    site = tmp_path / "12.4/lib/python3.13/site-packages"
+    _dist(site, "nvidia_cuda_nvcc_cu12", "12.4.131")
+    _dist(site, "pip", "25.0")
+    cuda_probe.main(str(tmp_path / "12.4"), "nvidia-cuda-nvcc-cu12,nvidia-cuda-runtime-cu12")
+    assert json.loads(capsys.readouterr().out) == {
+        "wheels": {"nvidia-cuda-nvcc-cu12": "12.4.131"},
+        "debs": [],
+    }

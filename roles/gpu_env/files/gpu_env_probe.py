@@ -10,7 +10,6 @@ marker file naming the gpuenv build it holds (null when missing).
 """
 
 import glob
-import importlib.metadata
 import json
 import os
 import re
@@ -20,7 +19,7 @@ if "run" not in globals():  # run as a file (tests): the helpers come from roles
     sys.path.insert(
         0, os.path.join(os.path.dirname(__file__), "..", "..", "gpuenv_common", "files")
     )
-    from probe_lib import installed, run
+    from probe_lib import distributions, installed, run
 
 
 def read(path: str) -> str | None:
@@ -53,12 +52,7 @@ def cuda(home: str, candidates: list[str], read_nvcc: bool) -> dict:
 
 
 def venv(path: str) -> dict:
-    dists = {}
-    for site in sorted(glob.glob(path + "/lib/python*/site-packages")):
-        for dist in importlib.metadata.distributions(path=[site]):
-            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
-            if name:
-                dists[name] = dist.version
+    dists = {name: version for name, (version, _) in distributions(path).items()}
     return {"python": os.path.lexists(path + "/bin/python"), "dists": dists}
 
 

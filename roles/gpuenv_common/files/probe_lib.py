@@ -4,6 +4,9 @@ A role runs a probe as `python3 -c <probe_lib.py + the probe>` (tasks put the tw
 the other), so the probe finds these names defined; a probe run as a file (tests) imports them.
 """
 
+import glob
+import importlib.metadata
+import re
 import subprocess
 
 
@@ -22,3 +25,15 @@ def installed(packages: list[str]) -> list[str]:
         return []
     _, out = run(["dpkg-query", "-W", "-f=${Package} ${Status}\n", *packages])
     return [line.split()[0] for line in out.splitlines() if line.endswith(" ok installed")]
+
+
+def distributions(prefix: str) -> dict[str, tuple[str, str]]:
+    """The Python distributions of a virtual environment or prefix (its lib/python*/site-packages):
+    normalized name -> (version, the site-packages folder holding it)."""
+    found = {}
+    for site in sorted(glob.glob(prefix + "/lib/python*/site-packages")):
+        for dist in importlib.metadata.distributions(path=[site]):
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+            if name:
+                found[name] = (dist.version, site)
+    return found
