@@ -177,3 +177,11 @@ def test_cuda_pip_probe_reports_only_the_wanted_wheels(tmp_path: Path, capsys) -
         "wheels": {"nvidia-cuda-nvcc-cu12": "12.4.131"},
         "debs": [],
     }
+
+
+def test_probe_commands_have_a_deadline() -> None:
+    # A hung command (nvidia-smi on a GPU in a bad state) must not hang the probe.
+    lib = _load("probe_lib", "roles/gpuenv_common/files/probe_lib.py")
+    assert lib.run(["sleep", "5"], timeout=0.2) == (124, "")
+    assert lib.run(["no-such-command-gpuenv"]) == (127, "")
+    assert lib.run(["echo", "ok"]) == (0, "ok\n")

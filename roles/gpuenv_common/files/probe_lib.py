@@ -10,12 +10,15 @@ import re
 import subprocess
 
 
-def run(argv: list[str]) -> tuple[int, str]:
-    """Exit status and standard output of a command; 127 when it cannot be started."""
+def run(argv: list[str], timeout: float = 60) -> tuple[int, str]:
+    """Exit status and standard output of a command; 127 when it cannot be started, 124 when it
+    runs past timeout seconds (nvidia-smi can hang on a GPU in a bad state)."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
     except OSError:
         return 127, ""
+    except subprocess.TimeoutExpired:
+        return 124, ""
     return done.returncode, done.stdout
 
 
