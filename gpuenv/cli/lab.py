@@ -6,10 +6,8 @@ import argparse
 import os
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from gpuenv.errors import BadInput, EnvironmentProblem
@@ -17,8 +15,8 @@ from gpuenv.lab import settings
 
 if TYPE_CHECKING:
     import docker
-    from rich.progress import Progress as RichProgress
-    from rich.progress import TaskID
+
+    from gpuenv.report.live import Steps
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -97,48 +95,10 @@ def _add_ca_bundle(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _RichProgress:
-    """gpuenv.lab.progress.Progress on a rich progress display (thread-safe)."""
+def _steps() -> Steps:
+    from gpuenv.report.live import Steps
 
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self._progress: RichProgress = Progress(
-            SpinnerColumn(finished_text="[green]✓"),
-            TextColumn("{task.description}"),
-            TextColumn("[dim]{task.fields[detail]}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-        )
-        self._tasks: dict[str, TaskID] = {}
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> _RichProgress:
-        self._progress.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._progress.stop()
-
-    def begin(self, key: str, description: str) -> None:
-        with self._lock:
-            self._tasks[key] = self._progress.add_task(description, total=1, detail="")
-
-    def update(self, key: str, detail: str) -> None:
-        with self._lock:
-            if key in self._tasks:
-                self._progress.update(self._tasks[key], detail=detail)
-
-    def end(self, key: str, detail: str = "") -> None:
-        with self._lock:
-            if key in self._tasks:
-                self._progress.update(self._tasks[key], completed=1, detail=detail)
+    return Steps()
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -148,7 +108,7 @@ def _build(args: argparse.Namespace) -> int:
     if not args.ca_bundle.is_file():
         raise BadInput(f"--ca-bundle {args.ca_bundle}: no such file")
     names, client = _names_and_client()
-    with _RichProgress() as progress:
+    with _steps() as progress:
         states = build.build(client, names, Path.cwd(), distros, args.ca_bundle, progress)
     for state in states:
         print(f"{state.tag}  recipe {state.digest}  {'built' if state.built else 'up to date'}")
@@ -174,7 +134,7 @@ def _up(args: argparse.Namespace) -> int:
         raise BadInput(f"--ca-bundle {args.ca_bundle}: no such file")
     names, client = _names_and_client()
     started = time.monotonic()
-    with _RichProgress() as progress:
+    with _steps() as progress:
         inv = cluster.up(client, names, Path.cwd(), lab, nodes, distro, args.ca_bundle, progress)
     paths = settings.LabPaths(Path.cwd(), lab)
     for node in inv.nodes:
@@ -190,7 +150,7 @@ def _down(args: argparse.Namespace) -> int:
 
     lab = settings.validate_name(args.name)
     names, client = _names_and_client()
-    with _RichProgress() as progress:
+    with _steps() as progress:
         report = cluster.down(client, names, Path.cwd(), lab, args.purge, progress)
     if report.removed_nodes:
         print(f"lab {lab}: removed {len(report.removed_nodes)} nodes and network {lab}-net")

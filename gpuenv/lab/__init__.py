@@ -2,5 +2,5 @@
 
 ``images`` builds the node and cache images, ``cache`` runs the shared apt/wheel cache,
 ``cluster`` brings labs up and down, ``inventory`` writes what Ansible needs to reach them.
-Nothing here prints: progress goes through :class:`gpuenv.lab.progress.Progress`.
+Nothing here prints: progress goes through :class:`gpuenv.progress.Progress`.
 """

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuenv.lab import cache, images, lock
-from gpuenv.lab.progress import Progress
 from gpuenv.lab.settings import Names
+from gpuenv.progress import Progress
 
 if TYPE_CHECKING:
     import docker

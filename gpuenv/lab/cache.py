@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuenv.errors import EnvironmentProblem
-from gpuenv.lab.progress import Progress
 from gpuenv.lab.settings import CACHE_ALIAS, LABEL_OWNER, LABEL_RECIPE, Names, wheelhouse_dir
+from gpuenv.progress import Progress
 
 if TYPE_CHECKING:
     import docker

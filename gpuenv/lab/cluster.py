@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from gpuenv.errors import BadInput, EnvironmentProblem
 from gpuenv.lab import cache, images, inventory, keys, lock
 from gpuenv.lab.inventory import LabInventory, NodeEntry
-from gpuenv.lab.progress import Progress
 from gpuenv.lab.recipe import ADMIN_UID, ADMIN_USER
 from gpuenv.lab.settings import (
     LABEL_DISTRO,
@@ -29,6 +28,7 @@ from gpuenv.lab.settings import (
     node_name,
     resolve_node,
 )
+from gpuenv.progress import Progress
 
 if TYPE_CHECKING:
     import docker

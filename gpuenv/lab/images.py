@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuenv import proc
 from gpuenv.errors import EnvironmentProblem
 from gpuenv.lab import recipe
-from gpuenv.lab.progress import Progress
 from gpuenv.lab.settings import CACHE_DISTRO, LABEL_OWNER, LABEL_RECIPE, Names, cache_dir
+from gpuenv.progress import Progress
 
 if TYPE_CHECKING:
     import docker
@@ -84,33 +85,30 @@ def _base_tarball(
 
 
 def _run_logged(
-    argv: list[str], log_path: Path, progress: Progress, key: str, deadline_s: int
+    argv: list[str], log_path: Path, progress: Progress, key: str, deadline_s: float
 ) -> None:
-    tail: deque[str] = deque(maxlen=15)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        assert proc.stdout is not None
-        try:
-            for line in proc.stdout:
-                log.write(line)
-                tail.append(line.rstrip())
-                if line.startswith("I: "):
-                    progress.update(key, line[3:].strip()[:70])
-            rc = proc.wait(timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            rc = -9
-    if rc != 0:
+    """Run ``argv`` under a deadline that holds even while it hangs with its output open."""
+
+    def line(text: str) -> None:
+        if text.startswith("I: "):
+            progress.update(key, text[3:].strip()[:70])
+
+    outcome = proc.run(argv, deadline_s, log_path, on_line=line)
+    if outcome.timed_out:
         raise EnvironmentProblem(
-            f"{argv[0]} failed (exit {rc}); last lines of {log_path}:\n" + "\n".join(tail)
+            f"{argv[0]} did not finish within {deadline_s:g} s and was killed; last lines of"
+            f" {log_path}:\n" + _tail(log_path)
         )
+    if outcome.returncode != 0:
+        raise EnvironmentProblem(
+            f"{argv[0]} failed ({proc.describe_exit(outcome.returncode)}); last lines of"
+            f" {log_path}:\n" + _tail(log_path)
+        )
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def ensure_base(

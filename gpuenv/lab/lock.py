@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpuenv.lab.progress import Progress
 from gpuenv.lab.settings import Names, cache_dir
+from gpuenv.progress import Progress
 
 
 @contextmanager

@@ -8,8 +8,8 @@ from docker.errors import NotFound
 
 from gpuenv.errors import BadInput, EnvironmentProblem
 from gpuenv.lab import cluster, inventory
-from gpuenv.lab.progress import Silent
 from gpuenv.lab.settings import LabPaths, Names
+from gpuenv.progress import Silent
 
 
 class FakeContainer:

@@ -8,8 +8,8 @@ from docker.errors import ImageNotFound
 
 from gpuenv.errors import EnvironmentProblem
 from gpuenv.lab import images, recipe
-from gpuenv.lab.progress import Silent
 from gpuenv.lab.settings import Names
+from gpuenv.progress import Silent
 
 CERT = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
 
@@ -69,3 +69,32 @@ def test_cached_tarball_skips_debootstrap(monkeypatch, tmp_path):
     tarball.write_bytes(b"")
     monkeypatch.setattr(images.subprocess, "Popen", mock.Mock(side_effect=AssertionError))
     assert images._base_tarball(base, Names(), tmp_path, Silent(), "k") == tarball
+
+
+def test_a_base_build_that_hangs_with_its_output_open_is_killed(tmp_path):
+    """debootstrap's deadline runs while it still prints, not after its output closes."""
+    import sys
+    import time
+
+    from gpuenv.errors import EnvironmentProblem
+
+    class Seen:
+        def __init__(self):
+            self.lines = []
+
+        def begin(self, key, description):
+            pass
+
+        def update(self, key, detail):
+            self.lines.append(detail)
+
+        def end(self, key, detail="", status=None):
+            pass
+
+    seen = Seen()
+    script = "import time\nprint('I: Retrieving Release', flush=True)\ntime.sleep(600)"
+    t0 = time.monotonic()
+    with pytest.raises(EnvironmentProblem, match=r"did not finish within 1\.5 s"):
+        images._run_logged([sys.executable, "-c", script], tmp_path / "log", seen, "k", 1.5)
+    assert time.monotonic() - t0 < 1.5 + 5
+    assert seen.lines == ["Retrieving Release"]
