@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Status(str, enum.Enum):
@@ -85,13 +85,58 @@ class Result:
         )
 
 
-def overall_ok(results: Iterable[Result]) -> bool:
-    """True when no result failed or errored (SKIPs do not fail a run)."""
-    return not any(r.status.failed for r in results)
+def any_failed(results: Iterable[Result]) -> bool:
+    """True when a result failed or errored. Not the verdict: see Verdict (SKIPs count there)."""
+    return any(r.status.failed for r in results)
 
 
-def exit_code(results: Iterable[Result]) -> int:
-    return 0 if overall_ok(results) else 1
+@dataclass
+class Verdict:
+    """Whether a run is OK, by the rules of its profile (gpuenv.checks.profiles)."""
+
+    ok: bool
+    profile: str
+    node_kind: str  # "gpu" or "cpu"
+    required: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # why it is not OK
+    gpu_verified: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ok and self.problems:
+            raise ValueError("an OK verdict cannot list problems")
+        if not self.ok and not self.problems:
+            raise ValueError("a verdict that is not OK must say why")
+        if self.node_kind not in ("gpu", "cpu"):
+            raise ValueError(f"node_kind must be 'gpu' or 'cpu', not {self.node_kind!r}")
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        return cls(
+            ok=bool(data["ok"]),
+            profile=str(data["profile"]),
+            node_kind=str(data["node_kind"]),
+            required=[str(n) for n in data.get("required", [])],
+            problems=[str(p) for p in data.get("problems", [])],
+            gpu_verified=bool(data.get("gpu_verified", False)),
+        )
+
+
+def _refuse(data: Mapping[str, Any], kind: str) -> None:
+    """A document of another kind or schema version is refused, naming what it is."""
+    if data.get("kind") != kind:
+        raise ValueError(f"not a {kind} report: kind is {data.get('kind')!r}")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ValueError(
+            f"{kind} report schema_version {version!r} is not supported (expected {SCHEMA_VERSION})"
+        )
 
 
 # Identifies a document written by `gpuenv check --json`; readers refuse anything else.
@@ -108,6 +153,7 @@ class RunReport:
 
     node: str
     profile: str
+    verdict: Verdict
     results: list[Result] = field(default_factory=list)
     started_at: str = ""
     duration_s: float = 0.0
@@ -116,7 +162,7 @@ class RunReport:
 
     @property
     def ok(self) -> bool:
-        return overall_ok(self.results)
+        return self.verdict.ok
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,22 +175,18 @@ class RunReport:
             "duration_s": self.duration_s,
             "command": list(self.command),
             "ok": self.ok,
-            "exit_code": exit_code(self.results),
+            "exit_code": self.verdict.exit_code,
+            "verdict": self.verdict.to_dict(),
             "results": [r.to_dict() for r in self.results],
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunReport:
-        if data.get("kind") != REPORT_KIND:
-            raise ValueError(f"not a gpuenv check report: kind is {data.get('kind')!r}")
-        version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(
-                f"report schema_version {version!r} is not supported (expected {SCHEMA_VERSION})"
-            )
+        _refuse(data, REPORT_KIND)
         return cls(
             node=str(data["node"]),
             profile=str(data.get("profile", "")),
+            verdict=Verdict.from_dict(data["verdict"]),
             results=[Result.from_dict(r) for r in data.get("results", [])],
             started_at=str(data.get("started_at", "")),
             duration_s=float(data.get("duration_s", 0.0)),

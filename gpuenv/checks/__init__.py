@@ -1,18 +1,19 @@
-"""The node checks, one module each, in the order they run.
+"""The node checks. REGISTRY is the only list of them: the CLI, the engine and the reports read it.
 
-Each module defines NAME and DESCRIPTION and imports its heavy libraries (cupy, torch,
-mpi4py, pynvml) only inside functions, so that listing or skipping checks costs nothing.
+Adding a check is one module that follows the contract in gpuenv.checks.base, one line here, and
+its deadline under ``deadlines_s`` in gpuenv/data/thresholds.yaml. The order here is the order
+they run and are reported in (launched checks open their gates in this order: mpi before ddp,
+because torchrun's ranks are still importing torch when mpirun's are ready).
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from collections.abc import Mapping
 
 from gpuenv.checks import cupy, ddp, mpi, nccl, streams, system
+from gpuenv.checks.base import Check
 
-CHECKS: dict[str, ModuleType] = {m.NAME: m for m in (system, cupy, streams, nccl, ddp, mpi)}
-
-
-def gpu_checks() -> list[str]:
-    """Checks that run in the one-process-per-GPU worker (gpuenv.checks.worker)."""
-    return ["cupy", "streams", "nccl"]
+REGISTRY: Mapping[str, Check] = {
+    c.NAME: c  # type: ignore[misc]
+    for c in (system, cupy, streams, nccl, mpi, ddp)
+}

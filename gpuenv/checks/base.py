@@ -1,31 +1,53 @@
-"""What every check shares: the run context, the per-rank event log, the test fault switch.
+"""The check contract: what every node check is, and what the engine gives it.
 
-Checks run in child processes (one per GPU, or under torchrun / mpirun). Each rank appends
-JSON lines to its own file in an event directory: progress marks while it works and one
-result per check. The parent (gpuenv.runner) reads those files to show progress, to
-judge, and to name the ranks that fell behind when a deadline expires. Files, not pipes,
-because mpirun and torchrun multiplex their children's stdout.
+A check is a module (or any object) with these attributes, listed once in
+``gpuenv.checks.REGISTRY``:
+
+- ``NAME``, ``DESCRIPTION``: how it is called and what it proves, one line.
+- ``PLACEMENT``: where its ranks run, which is all the engine (gpuenv.checks.session) knows of it:
+  ``PROBE``: one process, first, before any other check; its ``node_info(payload)`` describes
+  the node (GPUs, what the PCI bus shows) for every other check. ``GPU``: one rank per visible
+  GPU, inside the shared GPU worker processes (gpuenv.checks.worker), one check after the
+  other. ``LAUNCHER``: its own launcher (torchrun, mpirun) given by ``command``; its ranks run
+  ``python -m <module>``, read their context with ``ranklog.launched_rank`` and wait at the gate.
+- ``unavailable(ctx, node)``: None when it can run here, else why not (the SKIP's reason).
+- ``world(ctx, node)``: how many ranks (GPU placement: one per visible GPU).
+- ``rank_main(rc: RankContext) -> payload`` for PROBE and GPU placement: the rank's work.
+- ``command(ctx, node, world)`` and ``environment(ctx, node)`` for LAUNCHER placement.
+- ``judge(ctx, node, payloads, world) -> Result``: the verdict from every rank's payload.
+
+Heavy libraries (cupy, torch, mpi4py, pynvml) are imported inside functions only, so that
+listing, skipping and judging checks costs nothing.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import time
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-EVENT_DIR_ENV = "GPUENV_EVENT_DIR"
-GATE_ENV = "GPUENV_GATE"
-DEADLINE_ENV = "GPUENV_DEADLINE_S"
-FAULT_ENV = "GPUENV_FAULT"
+from gpuenv.checks.ranklog import RankContext
+from gpuenv.results import Measurement, Result, Status
 
-# How long before its deadline a rank gives up on its peers by itself (aborting its NCCL
-# communicator), so that it can still report what it saw before the parent kills it.
-RANK_MARGIN_S = 3.0
+
+class Placement(str, enum.Enum):
+    PROBE = "probe"
+    GPU = "gpu"
+    LAUNCHER = "launcher"
+
+
+@dataclass
+class NodeInfo:
+    """What the probe found: the GPUs the checks may use, and why there are none."""
+
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # visible GPUs, NVML's view
+    no_gpu: str | None = None  # why no GPU can be used (None when there are GPUs)
+    pci_gpus: list[str] = field(default_factory=list)  # NVIDIA GPUs on the PCI bus (addresses)
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpus)
 
 
 @dataclass
@@ -37,162 +59,53 @@ class Context:
     expect_gpus: int | None = None
     thresholds: dict[str, Any] = field(default_factory=dict)
     specs: dict[str, Any] = field(default_factory=dict)
-    deadline_override: float | None = None
+    deadline_override_s: float | None = None
+    strict: bool = False  # a measurement without a threshold FAILs instead of SKIPping
 
-    def deadline(self, check: str) -> float:
-        if self.deadline_override is not None:
-            return self.deadline_override
-        return float(self.thresholds["deadlines_s"][check])
+    def deadline_s(self, check: str) -> float:
+        if self.deadline_override_s is not None:
+            return self.deadline_override_s
+        spans = self.thresholds.get("deadlines_s", {})
+        if check not in spans:
+            raise KeyError(f"no deadline for check {check!r} in thresholds.yaml deadlines_s")
+        return float(spans[check])
 
     def profile_params(self, check: str) -> dict[str, Any]:
         return dict(self.thresholds.get("profiles", {}).get(self.profile, {}).get(check, {}))
 
 
-class RankLog:
-    """Append-only event file of one rank."""
+class Check(Protocol):
+    """The contract (see the module docstring). Modules satisfy it with module-level names."""
 
-    def __init__(self, directory: str | os.PathLike[str], rank: int) -> None:
-        self.rank = rank
-        self.path = Path(directory) / f"rank{rank}.jsonl"
+    NAME: str
+    DESCRIPTION: str
+    PLACEMENT: Placement
 
-    def _write(self, event: Mapping[str, Any]) -> None:
-        line = json.dumps({"rank": self.rank, "t": time.time(), **event}) + "\n"
-        # One write call per line, opened in append mode: lines from one rank never interleave.
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
+    def unavailable(self, ctx: Context, node: NodeInfo) -> str | None: ...
 
-    def mark(self, check: str, stage: str) -> None:
-        self._write({"ev": "mark", "check": check, "stage": stage})
+    def world(self, ctx: Context, node: NodeInfo) -> int: ...
 
-    def result(self, check: str, payload: Mapping[str, Any]) -> None:
-        self._write({"ev": "result", "check": check, **payload})
+    def judge(
+        self, ctx: Context, node: NodeInfo, payloads: Mapping[int, Mapping[str, Any]], world: int
+    ) -> Result: ...
 
 
-def read_events(directory: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
-    """All events by rank; a torn last line (rank killed mid-write) is ignored."""
-    events: dict[int, list[dict[str, Any]]] = {}
-    for path in sorted(Path(directory).glob("rank*.jsonl")):
-        rank = int(path.stem[4:])
-        items = events.setdefault(rank, [])
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                items.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return events
+class RankCheck(Check, Protocol):
+    """PROBE and GPU placement: the engine calls ``rank_main`` in its own processes."""
+
+    def rank_main(self, rc: RankContext) -> dict[str, Any]: ...
 
 
-def rank_results(events: Mapping[int, list[dict[str, Any]]], check: str) -> dict[int, dict]:
-    return {
-        rank: ev
-        for rank, items in events.items()
-        for ev in items
-        if ev.get("ev") == "result" and ev.get("check") == check
-    }
+class ProbeCheck(RankCheck, Protocol):
+    def node_info(self, payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo: ...
 
 
-def ranks_behind(
-    events: Mapping[int, list[dict[str, Any]]], check: str, world: int
-) -> tuple[list[int], dict[int, str]]:
-    """Ranks that did not get as far as the others in ``check``, and each rank's last stage.
+class LaunchedCheck(Check, Protocol):
+    """LAUNCHER placement: the engine starts ``command``; the ranks run the check's module."""
 
-    Every rank of a check passes the same sequence of marks, so a rank with fewer marks
-    than the furthest one stopped earlier: it is the one that never joined.
-    """
-    counts: dict[int, int] = {}
-    last: dict[int, str] = {}
-    for rank in range(world):
-        steps = [e for e in events.get(rank, []) if e.get("check") == check]
-        # A posted result is one more step: that rank got further than one still working.
-        counts[rank] = len(steps)
-        last[rank] = (
-            ("finished" if steps[-1].get("ev") == "result" else steps[-1]["stage"])
-            if steps
-            else "not started"
-        )
-    furthest = max(counts.values(), default=0)
-    behind = [r for r in range(world) if counts[r] < furthest]
-    return behind, last
+    def command(self, ctx: Context, node: NodeInfo, world: int) -> list[str]: ...
 
-
-def timeline(
-    events: Mapping[int, list[dict[str, Any]]], check: str, t0: float
-) -> dict[str, list[list[Any]]]:
-    """Each rank's stages of ``check`` with seconds since ``t0`` (wall clock): where time went."""
-    return {
-        str(rank): [
-            [e.get("stage", "result"), round(float(e["t"]) - t0, 3)]
-            for e in items
-            if e.get("check") == check and "t" in e
-        ]
-        for rank, items in sorted(events.items())
-    }
-
-
-@dataclass(frozen=True)
-class Fault:
-    action: str  # "hang" or "kill"
-    rank: int
-    check: str
-
-
-def parse_faults(spec: str | None) -> list[Fault]:
-    """Parse GPUENV_FAULT, e.g. ``hang:rank=1:check=nccl;kill:rank=0:check=ddp``."""
-    faults: list[Fault] = []
-    for item in (spec or "").split(";"):
-        item = item.strip()
-        if not item:
-            continue
-        action, *pairs = item.split(":")
-        fields = dict(p.split("=", 1) for p in pairs if "=" in p)
-        if action not in ("hang", "kill") or "rank" not in fields or "check" not in fields:
-            raise ValueError(
-                f"{FAULT_ENV}={spec!r}: expected ACTION:rank=N:check=NAME with ACTION hang or kill"
-            )
-        faults.append(Fault(action, int(fields["rank"]), fields["check"]))
-    return faults
-
-
-def fault_point(check: str, rank: int) -> None:
-    """Test-only switch: make this rank hang or die here when GPUENV_FAULT says so."""
-    for fault in parse_faults(os.environ.get(FAULT_ENV)):
-        if fault.check != check or fault.rank != rank:
-            continue
-        if fault.action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        while True:  # hang: never join, until the deadline kills the process group
-            time.sleep(3600)
-
-
-def wait_gate(timeout_s: float = 3600.0) -> None:
-    """Block until the parent opens this launch's gate (a file appears).
-
-    Launchers that are slow to start (torchrun, mpirun: Python, torch, MPI_Init) are
-    started early and wait here, so their start-up overlaps the GPU checks without their
-    GPU work disturbing the GPU checks' measurements.
-    """
-    gate = os.environ.get(GATE_ENV)
-    if not gate:
-        return
-    end = time.monotonic() + timeout_s
-    while not os.path.exists(gate):
-        if time.monotonic() > end:
-            raise TimeoutError(f"gate {gate} was not opened within {timeout_s:.0f} s")
-        time.sleep(0.02)
-
-
-def rank_deadline() -> float:
-    """Monotonic time at which a rank stops waiting for its peers by itself.
-
-    The parent's deadline runs from the moment it opened the gate (the gate file's
-    mtime), so a rank that was slow to start has less time left, not a fresh deadline.
-    """
-    total = float(os.environ.get(DEADLINE_ENV, "60"))
-    gate = os.environ.get(GATE_ENV)
-    opened = os.stat(gate).st_mtime if gate and os.path.exists(gate) else time.time()
-    remaining = opened + total - time.time() - RANK_MARGIN_S
-    return time.monotonic() + max(1.0, remaining)
+    def environment(self, ctx: Context, node: NodeInfo) -> dict[str, str]: ...
 
 
 def measurement(
@@ -220,3 +133,41 @@ def module_version(name: str) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def has_module(module: str) -> bool:
+    """True when ``module`` can be imported here (found, not imported)."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def verdict(
+    ctx: Context,
+    check: str,
+    problems: list[str],
+    unjudged: list[str],
+    passed: str,
+    measurements: list[Measurement],
+    versions: Mapping[str, str] | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> Result:
+    """The one rule of every judge: any problem FAILs; a measurement without a threshold is
+    never a PASS (SKIP naming what is missing, FAIL under ``--strict``); else PASS."""
+    common = {
+        "measurements": measurements,
+        "versions": dict(versions or {}),
+        "details": dict(details or {}),
+    }
+    if problems:
+        return Result(check, ctx.node, Status.FAIL, "; ".join(problems), **common)
+    if unjudged:
+        status = Status.FAIL if ctx.strict else Status.SKIP
+        why = f"{passed}; NOT JUDGED: {'; '.join(unjudged)}"
+        if ctx.strict:
+            why += " (--strict: a measurement without a threshold fails)"
+        return Result(check, ctx.node, status, why, **common)
+    return Result(check, ctx.node, Status.PASS, passed, **common)

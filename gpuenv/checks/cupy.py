@@ -9,14 +9,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuenv.checks.base import Context, RankLog, fault_point, measurement
-from gpuenv.checks.thresholds import model_spec, pcie_gbps
-from gpuenv.results import Measurement, Result, Status
+from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, measurement, verdict
+from gpuenv.checks.ranklog import RankContext
+from gpuenv.checks.thresholds import describe_gpu, model_spec, pcie_gbps
+from gpuenv.results import Measurement, Result
 
 NAME = "cupy"
 DESCRIPTION = (
     "CuPy per GPU: allocation, elementwise and NVRTC RawKernel, pinned copy GB/s, GEMM TFLOPS"
 )
+PLACEMENT = Placement.GPU
+
+
+def unavailable(ctx: Context, node: NodeInfo) -> str | None:
+    return None if has_module("cupy") else "cupy not installed"
+
+
+def world(ctx: Context, node: NodeInfo) -> int:
+    return len(node.gpus)
+
 
 # The seed documents' `add` kernel, corrected: element type int32 on both sides (the seed
 # fed int64 numpy arrays to an `int *` kernel), and a bounds check so that a grid larger
@@ -106,19 +117,19 @@ def _gemm(cp: Any, n: int, iters: int) -> tuple[float, bool]:
     return 2.0 * n**3 * iters / seconds / 1e12, corner_ok(cp, np, a, b, c)
 
 
-def rank_main(rank: int, world: int, params: Mapping[str, Any], log: RankLog) -> dict[str, Any]:
-    fault_point(NAME, rank)
+def rank_main(rc: RankContext) -> dict[str, Any]:
     import cupy as cp
     import numpy as np
 
-    cp.cuda.Device(rank).use()
-    log.mark(NAME, "kernels")
+    params = rc.params
+    cp.cuda.Device(rc.device).use()
+    rc.mark("kernels")
     errors = _kernels(cp, np)
-    log.mark(NAME, "copy")
+    rc.mark("copy")
     nbytes = int(params["copy_mib"] * 2**20)
     h2d = _copy_gbps(cp, nbytes, int(params["copy_iters"]), H2D)
     d2h = _copy_gbps(cp, nbytes, int(params["copy_iters"]), D2H)
-    log.mark(NAME, "gemm")
+    rc.mark("gemm")
     tflops, gemm_ok = _gemm(cp, int(params["gemm_n"]), int(params["gemm_iters"]))
     if not gemm_ok:
         errors.append("GEMM result differs from the fp32 reference")
@@ -136,22 +147,24 @@ def rank_main(rank: int, world: int, params: Mapping[str, Any], log: RankLog) ->
 
 
 def judge(
-    ctx: Context, gpus: list[dict[str, Any]], payloads: Mapping[int, Mapping[str, Any]]
+    ctx: Context, node: NodeInfo, payloads: Mapping[int, Mapping[str, Any]], world: int
 ) -> Result:
     effs = ctx.thresholds["cupy"]
     ms: list[Measurement] = []
     problems: list[str] = []
+    unjudged: list[str] = []
     per_gpu = []
     versions: dict[str, str] = {}
     for rank, p in sorted(payloads.items()):
-        gpu = gpus[rank] if rank < len(gpus) else {}
+        gpu = node.gpus[rank] if rank < len(node.gpus) else {}
         versions.update(p.get("versions", {}))
-        spec = model_spec(ctx.specs, str(gpu.get("name", "")))
+        spec = model_spec(ctx.specs, gpu)
         link = pcie_gbps(
             ctx.specs, int(gpu.get("pcie_max_gen") or 0), int(gpu.get("pcie_max_width") or 0)
         )
         copy_min = link * effs["copy_efficiency"] if link else None
-        gemm_min = spec["fp16_dense_tflops"] * effs["gemm_efficiency"] if spec else None
+        tflops = spec.get("fp16_dense_tflops") if spec else None
+        gemm_min = float(tflops) * effs["gemm_efficiency"] if tflops else None
         items = [
             measurement(f"gpu{rank}.h2d", round(p["h2d_gbps"], 2), "GB/s", copy_min, "min"),
             measurement(f"gpu{rank}.d2h", round(p["d2h_gbps"], 2), "GB/s", copy_min, "min"),
@@ -166,21 +179,29 @@ def judge(
             for m in ms[-3:]
             if m.ok() is False
         ]
+        if gemm_min is None:
+            unjudged.append(
+                f"GPU{rank} GEMM: no fp16 spec for {describe_gpu(gpu)} in gpu_specs.yaml"
+            )
+        if copy_min is None:
+            unjudged.append(
+                f"GPU{rank} copies: PCIe gen {gpu.get('pcie_max_gen')} x{gpu.get('pcie_max_width')}"
+                " unknown"
+            )
         per_gpu.append(
             {
                 "rank": rank,
                 "name": gpu.get("name"),
+                "spec": spec.get("key") if spec else None,
                 **{k: p[k] for k in ("h2d_gbps", "d2h_gbps", "gemm_tflops", "gemm_n")},
             }
         )
-    unjudged = [r for r in range(len(payloads)) if ms and ms[3 * r + 2].threshold is None]
-    details = {"per_gpu": per_gpu}
-    if problems:
-        return Result(
-            NAME, ctx.node, Status.FAIL, "; ".join(problems), ms, versions, details=details
-        )
     worst = min(ms[2::3], key=lambda m: float(m.value))
-    reason = f"kernels verified on {len(payloads)} GPU(s); slowest GEMM {worst.value} TFLOPS"
-    if unjudged:
-        reason += f" (GEMM not judged on GPU {unjudged}: model not in gpu_specs.yaml)"
-    return Result(NAME, ctx.node, Status.PASS, reason, ms, versions, details=details)
+    slowest_copy = min(ms[0::3] + ms[1::3], key=lambda m: float(m.value))
+    passed = (
+        f"kernels verified on {len(payloads)} GPU(s); slowest GEMM {worst.value} TFLOPS"
+        + (f" >= {worst.threshold:.0f}" if worst.threshold is not None else "")
+        + f", slowest copy {slowest_copy.value} GB/s"
+        + (f" >= {slowest_copy.threshold:.1f}" if slowest_copy.threshold is not None else "")
+    )
+    return verdict(ctx, NAME, problems, unjudged, passed, ms, versions, {"per_gpu": per_gpu})

@@ -1,4 +1,7 @@
-"""`ddp`: PyTorch DistributedDataParallel under torchrun, one process per GPU (gloo on CPU).
+"""`ddp`: PyTorch DistributedDataParallel under torchrun, at least 2 ranks.
+
+One process per GPU with NCCL; on a one-GPU node two processes share the GPU with gloo (NCCL
+refuses two ranks on one GPU); on a CPU-only node two processes with gloo.
 
 The parent side builds the torchrun command and judges; ``python -m gpuenv.checks.ddp``
 is what each rank runs. A few training steps of a small MLP on a fixed batch per rank:
@@ -14,49 +17,69 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpuenv.checks.base import (
-    EVENT_DIR_ENV,
-    Context,
-    RankLog,
-    fault_point,
-    module_version,
-    rank_deadline,
-    wait_gate,
-)
-from gpuenv.results import Measurement, Result, Status
+from gpuenv.checks import ranklog
+from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, module_version, verdict
+from gpuenv.results import Measurement, Result
 
 NAME = "ddp"
-DESCRIPTION = "torchrun DDP, one process per GPU (NCCL) or 2 on CPU (gloo): equal params, loss down"
+DESCRIPTION = (
+    "torchrun DDP, one process per GPU (NCCL; 2 on one GPU with gloo) or 2 on CPU (gloo):"
+    " equal params, loss down"
+)
+PLACEMENT = Placement.LAUNCHER
+MIN_RANKS = 2  # one rank agreeing with itself proves nothing
 
 
-def unavailable(has_gpu: bool) -> str | None:
-    from importlib.util import find_spec
-
-    if find_spec("torch") is None:
-        return "torch not installed"
-    return None
+def unavailable(ctx: Context, node: NodeInfo) -> str | None:
+    return None if has_module("torch") else "torch not installed"
 
 
-def command(ctx: Context, world: int, has_gpu: bool) -> list[str]:
+def world(ctx: Context, node: NodeInfo) -> int:
+    return max(MIN_RANKS, len(node.gpus))
+
+
+def backend(node: NodeInfo) -> str:
+    """NCCL with one GPU per rank; NCCL refuses two ranks on one GPU, so gloo shares one."""
+    return "nccl" if len(node.gpus) >= MIN_RANKS else "gloo"
+
+
+def command(ctx: Context, node: NodeInfo, world: int) -> list[str]:
     steps = int(ctx.profile_params(NAME).get("steps", 20))
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(world), "--max-restarts", "0",
-        "-m", "gpuenv.checks.ddp", "--steps", str(steps), "--device", "cuda" if has_gpu else "cpu",
+        "-m", "gpuenv.checks.ddp", "--steps", str(steps),
+        "--device", "cuda" if node.has_gpu else "cpu", "--backend", backend(node),
+        "--gpus", str(len(node.gpus)),
     ]  # fmt: skip
 
 
-def environment(ctx: Context, has_gpu: bool) -> dict[str, str]:
-    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1" if not has_gpu else "4"}
-    # torch spends seconds probing CUDA on a CPU-only host; say there is none.
-    return env
+def environment(ctx: Context, node: NodeInfo) -> dict[str, str]:
+    return {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "OMP_NUM_THREADS": "4" if node.has_gpu else "1",
+    }
+
+
+def problems(payload: Mapping[str, Any], max_loss_ratio: float) -> list[str]:
+    """The one pass rule of a DDP run, on a node or across nodes: every rank holds the same
+    parameters after training, and the global loss fell to at most ``max_loss_ratio``."""
+    found = []
+    diff = float(payload["param_max_diff"])
+    if diff > 0.0:
+        found.append(f"parameters differ across ranks after training (max |diff| {diff:.3g})")
+    first, last = float(payload["loss_first"]), float(payload["loss_last"])
+    ratio = last / first if first else float("inf")
+    if ratio > max_loss_ratio:
+        found.append(f"loss did not decrease enough: last/first {ratio:.3f} > {max_loss_ratio}")
+    return found
 
 
 def judge(
-    ctx: Context, payloads: Mapping[int, Mapping[str, Any]], world: int, has_gpu: bool
+    ctx: Context, node: NodeInfo, payloads: Mapping[int, Mapping[str, Any]], world: int
 ) -> Result:
     first = payloads[0]
     max_ratio = float(ctx.thresholds["ddp"]["max_loss_ratio"])
@@ -67,58 +90,49 @@ def judge(
         Measurement("param_max_diff", diff, "", 0.0, "max"),
         Measurement("loss_ratio", round(ratio, 4), "", max_ratio, "max"),
         Measurement("step_time", round(step_ms, 3), "ms"),
-        Measurement("ranks", world),
+        Measurement("ranks", world, "", float(MIN_RANKS), "min"),
     ]
     details = {
         "backend": first["backend"],
         "steps": first["steps"],
+        "ranks_per_gpu": first.get("ranks_per_gpu"),
         "losses": {str(r): p["losses"] for r, p in sorted(payloads.items())},
     }
-    versions = {"torch": first["torch"]}
-    problems = []
-    if diff > 0.0:
-        problems.append(f"parameters differ across ranks after training (max |diff| {diff:.3g})")
-    if ratio > max_ratio:
-        problems.append(f"loss did not decrease enough: last/first {ratio:.3f} > {max_ratio}")
-    if problems:
-        return Result(
-            NAME, ctx.node, Status.FAIL, "; ".join(problems), ms, versions, details=details
-        )
-    reason = (
-        f"{world} ranks ({first['backend']}): parameters identical after {first['steps']} steps,"
-        f" loss x{ratio:.3f}, {step_ms:.2f} ms/step"
+    found = problems({**first, "param_max_diff": diff}, max_ratio)
+    if world < MIN_RANKS:
+        found.append(f"{world} rank(s): parameters agreeing with themselves prove nothing")
+    shared = (
+        f", {first['ranks_per_gpu']} ranks on one GPU (NCCL refuses that: gloo)"
+        if (first.get("ranks_per_gpu") or 1) > 1
+        else ""
     )
-    return Result(NAME, ctx.node, Status.PASS, reason, ms, versions, details=details)
+    passed = (
+        f"{world} ranks ({first['backend']}{shared}): parameters identical after"
+        f" {first['steps']} steps, loss x{ratio:.3f} <= {max_ratio}, {step_ms:.2f} ms/step"
+    )
+    return verdict(ctx, NAME, found, [], passed, ms, {"torch": first["torch"]}, details)
 
 
-def rank_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gpuenv.checks.ddp")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cpu")
-    args = parser.parse_args(argv)
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    log = RankLog(os.environ[EVENT_DIR_ENV], rank)
-    log.mark(NAME, "start")
+def train(
+    rank: int,
+    world: int,
+    device: Any,
+    steps: int,
+    mark: Callable[[str], None] = lambda _stage: None,
+) -> dict[str, Any]:
+    """The DDP training step of every gpuenv DDP run (node check and cluster): a small MLP, the
+    same initial parameters on every rank, each rank its own batch, Adam for ``steps`` steps.
 
-    from datetime import timedelta
-
+    Returns the global loss before and after, the largest parameter difference from rank 0
+    (known to every rank), and the mean step time. The process group must be initialised.
+    """
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    cuda = args.device == "cuda"
-    if cuda:
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        # Adam at a higher rate overshoots on the first steps of this wider model.
-        backend, din, hidden, batch, lr = "nccl", 1024, 1024, 1024, 3e-4
-    else:
-        device = torch.device("cpu")
-        backend, din, hidden, batch, lr = "gloo", 32, 64, 64, 1e-3
-    # Before the gate (while the GPU checks run): CUDA context, model and data, which need
-    # no peer and take seconds. Everything that talks to other ranks comes after it.
+    cuda = device.type == "cuda"
+    # Adam at a higher rate overshoots on the first steps of the wider model.
+    din, hidden, batch, lr = (1024, 1024, 1024, 3e-4) if cuda else (32, 64, 64, 1e-3)
     torch.manual_seed(0)  # the same initial parameters on every rank
     model = torch.nn.Sequential(
         torch.nn.Linear(din, hidden), torch.nn.ReLU(),
@@ -129,27 +143,12 @@ def rank_main(argv: Sequence[str]) -> int:
     x = torch.randn(batch, din, generator=gen)
     w = torch.randn(din, 1, generator=torch.Generator().manual_seed(7)) / din**0.5
     x, y = x.to(device), torch.sin(x @ w).to(device)
-    if cuda:
-        torch.cuda.synchronize()
-    # DistributedDataParallel's constructor imports torch._dynamo (hundreds of modules,
-    # seconds); pay that here, before the gate, not inside the timed check.
-    with contextlib.suppress(ImportError):
-        import torch._dynamo
-    log.mark(NAME, "ready")
-    wait_gate()
-    # Below the parent's deadline, so a rank blocked on a missing peer errors out by itself
-    # (NCCL's watchdog aborts the communicator; gloo raises) and says so before being killed.
-    timeout = timedelta(seconds=max(2.0, rank_deadline() - time.monotonic()))
-    kwargs: dict[str, Any] = {"device_id": device} if cuda else {}
-    dist.init_process_group(backend, timeout=timeout, **kwargs)
-    log.mark(NAME, "process group")
-    fault_point(NAME, rank)  # a rank that never joins the first collective
-    log.mark(NAME, "wrap model")
-    ddp = DistributedDataParallel(model, device_ids=[local] if cuda else None)
+    mark("wrap model")
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.Adam(ddp.parameters(), lr=lr)
     losses, times = [], []
-    log.mark(NAME, "train")
-    for _ in range(args.steps):
+    mark("train")
+    for _ in range(steps):
         t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
@@ -157,29 +156,76 @@ def rank_main(argv: Sequence[str]) -> int:
         opt.step()
         losses.append(float(loss.item()))  # .item() waits for the step to finish
         times.append(time.perf_counter() - t)
-    log.mark(NAME, "compare")
+    mark("compare")
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     ref = flat.clone()
     dist.broadcast(ref, 0)
-    diff = float((flat - ref).abs().max().item())
+    diff = (flat - ref).abs().max().reshape(1)
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)  # every rank knows the worst rank's difference
     pair = torch.tensor([losses[0], losses[-1]], device=device)
     dist.all_reduce(pair)  # the global loss: the mean over ranks
     pair /= world
     steady = times[1:] or times
-    log.result(NAME, {
-        "backend": backend,
-        "steps": args.steps,
+    return {
+        "steps": steps,
         "losses": [round(v, 6) for v in losses],
         "loss_first": float(pair[0]),
         "loss_last": float(pair[1]),
-        "param_max_diff": diff,
+        "param_max_diff": float(diff.item()),
         "step_time_s": sum(steady) / len(steady),
-        "torch": torch.__version__,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "",
-    })  # fmt: skip
-    # No rank tears its connections down while a peer still uses them (gloo aborts then).
-    dist.barrier()
-    dist.destroy_process_group()
+    }
+
+
+def rank_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpuenv.checks.ddp")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cpu")
+    parser.add_argument("--backend", choices=("nccl", "gloo"), default="gloo")
+    parser.add_argument("--gpus", type=int, default=0)
+    args = parser.parse_args(argv)
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    log = ranklog.RankLog(ranklog.RankConfig.load().events, rank)
+    log.mark(NAME, "start")
+
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    cuda = args.device == "cuda"
+    gpu = local % max(1, args.gpus)
+    if cuda:
+        torch.cuda.set_device(gpu)
+        torch.cuda.synchronize()  # the CUDA context, before the gate: it takes seconds
+    device = torch.device("cuda", gpu) if cuda else torch.device("cpu")
+    # DistributedDataParallel's constructor imports torch._dynamo (hundreds of modules,
+    # seconds); pay that here, before the gate, not inside the timed check.
+    with contextlib.suppress(ImportError):
+        import torch._dynamo
+    log.mark(NAME, "ready")
+    ranklog.wait_gate()
+    rc = ranklog.launched_rank(NAME, rank, world, gpu)
+    with ranklog.Heartbeat(log, NAME):
+        # Below the parent's deadline, so a rank blocked on a missing peer errors out by
+        # itself (NCCL's watchdog aborts the communicator; gloo raises) and says so.
+        timeout = timedelta(seconds=rc.remaining_s())
+        kwargs: dict[str, Any] = {"device_id": device} if args.backend == "nccl" else {}
+        dist.init_process_group(args.backend, timeout=timeout, **kwargs)
+        rc.mark("process group")
+        ranklog.fault_point(NAME, rank)  # a rank that never joins the first collective
+        outcome = train(rank, world, device, args.steps, rc.mark)
+        log.result(NAME, {
+            **outcome,
+            "backend": args.backend,
+            "ranks_per_gpu": world // args.gpus if cuda and args.gpus else None,
+            "torch": torch.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "",
+        })  # fmt: skip
+        # No rank tears its connections down while a peer still uses them (gloo aborts then).
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 

@@ -19,28 +19,34 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuenv.checks.base import EVENT_DIR_ENV, Context, RankLog, fault_point, wait_gate
-from gpuenv.results import Measurement, Result, Status
+from gpuenv.checks import ranklog
+from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, verdict
+from gpuenv.results import Measurement, Result
 
 NAME = "mpi"
 DESCRIPTION = (
     "mpirun + mpi4py: Bcast, Gather, Allreduce on CuPy (CUDA-aware or host-staged) or numpy"
 )
 
+PLACEMENT = Placement.LAUNCHER
 PATHS = ("cuda-aware", "host-staging", "numpy")
+MIN_RANKS = 2  # one rank agreeing with itself proves nothing
 
 
-def unavailable(has_gpu: bool) -> str | None:
-    from importlib.util import find_spec
-
-    for module, what in (("mpi4py", "mpi4py"), ("numpy", "numpy")):
-        if find_spec(module) is None:
-            return f"{what} not installed"
+def unavailable(ctx: Context, node: NodeInfo) -> str | None:
+    for module in ("mpi4py", "numpy"):
+        if not has_module(module):
+            return f"{module} not installed"
     if shutil.which("mpirun") is None:
         return "mpirun not found on PATH"
-    if has_gpu and find_spec("cupy") is None:
+    if node.has_gpu and not has_module("cupy"):
         return "cupy not installed (needed for GPU buffers)"
     return None
+
+
+def world(ctx: Context, node: NodeInfo) -> int:
+    """One rank per GPU, and never fewer than two (two ranks share a lone GPU)."""
+    return max(MIN_RANKS, len(node.gpus))
 
 
 def _ompi_info() -> str:
@@ -81,7 +87,7 @@ def _is_open_mpi() -> bool:
     return "Open MPI" in done.stdout + done.stderr or "OpenRTE" in done.stdout + done.stderr
 
 
-def command(ctx: Context, world: int, has_gpu: bool) -> list[str]:
+def command(ctx: Context, node: NodeInfo, world: int) -> list[str]:
     mib = float(ctx.profile_params(NAME).get("mib", 16))
     argv = ["mpirun", "-n", str(world)]
     if _is_open_mpi():
@@ -89,36 +95,41 @@ def command(ctx: Context, world: int, has_gpu: bool) -> list[str]:
         argv.append("--oversubscribe")
         if os.geteuid() == 0:
             argv.append("--allow-run-as-root")
-    path = choose_path(has_gpu)
+    path = choose_path(node.has_gpu)
     return [*argv, sys.executable, "-m", "gpuenv.checks.mpi", "--path", path, "--mib", str(mib)]
 
 
-def environment(ctx: Context, has_gpu: bool) -> dict[str, str]:
+def environment(ctx: Context, node: NodeInfo) -> dict[str, str]:
     return {"OMP_NUM_THREADS": "1"}
 
 
 def judge(
-    ctx: Context, payloads: Mapping[int, Mapping[str, Any]], world: int, has_gpu: bool
+    ctx: Context, node: NodeInfo, payloads: Mapping[int, Mapping[str, Any]], world: int
 ) -> Result:
     first = payloads[0]
-    problems = [f"rank {r}: {e}" for r, p in sorted(payloads.items()) for e in p.get("errors", [])]
+    found = [f"rank {r}: {e}" for r, p in sorted(payloads.items()) for e in p.get("errors", [])]
+    if world < MIN_RANKS:
+        found.append(f"{world} rank(s): a collective with itself proves nothing")
     slowest = max(float(p["allreduce_s"]) for p in payloads.values())
     ms = [
-        Measurement("ranks", world),
+        Measurement("ranks", world, "", float(MIN_RANKS), "min"),
         Measurement("path", first["path"]),
         Measurement("allreduce_time", round(slowest * 1e3, 3), "ms"),
         Measurement("allreduce_bytes", first["bytes"], "B"),
     ]
     versions = {"mpi4py": first["mpi4py"], "mpi": first["mpi"]}
-    details = {"path": first["path"], "why": first["why"]}
-    if problems:
-        return Result(
-            NAME, ctx.node, Status.FAIL, "; ".join(problems), ms, versions, details=details
-        )
-    reason = (
-        f"Bcast, Gather, Allreduce verified on {world} ranks; path {first['path']} ({first['why']})"
+    devices = sorted({p.get("device") for p in payloads.values() if p.get("device") is not None})
+    details = {"path": first["path"], "why": first["why"], "devices": devices}
+    shared = (
+        f"; {world} ranks share GPU {devices[0]}"
+        if first["path"] != "numpy" and len(devices) == 1 and world > 1
+        else ""
     )
-    return Result(NAME, ctx.node, Status.PASS, reason, ms, versions, details=details)
+    passed = (
+        f"Bcast, Gather, Allreduce verified on {world} ranks; path {first['path']}"
+        f" ({first['why']}){shared}"
+    )
+    return verdict(ctx, NAME, found, [], passed, ms, versions, details)
 
 
 def rank_main(argv: Sequence[str]) -> int:
@@ -133,8 +144,9 @@ def rank_main(argv: Sequence[str]) -> int:
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    log = RankLog(os.environ[EVENT_DIR_ENV], rank)
+    log = ranklog.RankLog(ranklog.RankConfig.load().events, rank)
     log.mark(NAME, "start")
+    device = None
     if args.path == "numpy":
         xp: Any = np
         why = "no GPU: numpy buffers"
@@ -142,33 +154,55 @@ def rank_main(argv: Sequence[str]) -> int:
         import cupy as cp
 
         xp = cp
-        cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
+        device = rank % cp.cuda.runtime.getDeviceCount()
+        cp.cuda.Device(device).use()
         why = (
             "Open MPI built with CUDA support: CuPy buffers passed directly"
             if args.path == "cuda-aware"
             else "Open MPI not CUDA-aware: CuPy buffers staged through host memory"
         )
 
+    ranklog.wait_gate()
+    rc = ranklog.launched_rank(NAME, rank, size, device or 0)
+    with ranklog.Heartbeat(log, NAME):
+        _collectives(rc, comm, MPI, mpi4py, np, xp, args.path, args.mib, why, device)
+    comm.Barrier()
+    return 0
+
+
+def _collectives(
+    rc: ranklog.RankContext,
+    comm: Any,
+    MPI: Any,
+    mpi4py: Any,
+    np: Any,
+    xp: Any,
+    path: str,
+    mib: float,
+    why: str,
+    device: int | None,
+) -> None:
+    rank, size = rc.rank, rc.world
+
     def to_mpi(arr: Any) -> Any:
-        if args.path == "host-staging":
+        if path == "host-staging":
             return xp.asnumpy(arr)  # waits for the device
-        if args.path == "cuda-aware":
+        if path == "cuda-aware":
             xp.cuda.get_current_stream().synchronize()  # MPI reads the buffer from now on
         return arr
 
     def from_mpi(buf: Any, arr: Any) -> None:
-        if args.path == "host-staging":
+        if path == "host-staging":
             arr.set(buf)
 
     def host(arr: Any) -> Any:
         """For checking on the host (no device reduction kernels to compile)."""
         return arr if xp is np else xp.asnumpy(arr)
 
-    wait_gate()
-    log.mark(NAME, "ready")
-    fault_point(NAME, rank)  # a rank that never joins
-    log.mark(NAME, "bcast")
-    k = max(1, int(args.mib * 2**20) // 4 // size)
+    rc.mark("ready")
+    ranklog.fault_point(NAME, rank)  # a rank that never joins
+    rc.mark("bcast")
+    k = max(1, int(mib * 2**20) // 4 // size)
     n = k * size
     errors = []
     data = xp.arange(n, dtype=xp.float32) if rank == 0 else xp.empty(n, dtype=xp.float32)
@@ -179,7 +213,7 @@ def rank_main(argv: Sequence[str]) -> int:
     if not np.array_equal(host(data), truth):
         errors.append("Bcast: values differ from the root's")
 
-    log.mark(NAME, "gather")
+    rc.mark("gather")
     local = xp.square(data[rank * k : (rank + 1) * k])  # the same length on every rank
     recv = xp.empty((size, k), dtype=xp.float32) if rank == 0 else None
     rbuf = to_mpi(recv) if recv is not None else None
@@ -189,7 +223,7 @@ def rank_main(argv: Sequence[str]) -> int:
         if not np.array_equal(host(recv).reshape(-1), np.square(truth)):
             errors.append("Gather: root received wrong values")
 
-    log.mark(NAME, "allreduce")
+    rc.mark("allreduce")
     send = xp.full(n, rank + 1, dtype=xp.float32)
     out = xp.empty_like(send)
     comm.Barrier()
@@ -197,23 +231,22 @@ def rank_main(argv: Sequence[str]) -> int:
     obuf = to_mpi(out)
     comm.Allreduce(to_mpi(send), obuf, op=MPI.SUM)
     from_mpi(obuf, out)
-    if args.path != "numpy":
+    if path != "numpy":
         xp.cuda.get_current_stream().synchronize()
     seconds = time.perf_counter() - t
     if not bool(np.all(host(out) == size * (size + 1) / 2)):
         errors.append("Allreduce: wrong sum")
-    log.mark(NAME, "done")
-    log.result(NAME, {
-        "path": args.path,
+    rc.mark("done")
+    rc.log.result(NAME, {
+        "path": path,
         "why": why,
+        "device": device,
         "errors": errors,
         "bytes": n * 4,
         "allreduce_s": seconds,
         "mpi4py": mpi4py.__version__,
         "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
     })  # fmt: skip
-    comm.Barrier()
-    return 0
 
 
 if __name__ == "__main__":

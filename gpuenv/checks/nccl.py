@@ -16,12 +16,35 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuenv.checks.base import Context, RankLog, fault_point
-from gpuenv.checks.thresholds import link_spec_gbps, nccl_efficiency
+from gpuenv.checks import nccl_log
+from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, verdict
+from gpuenv.checks.ranklog import RankContext, RankLog
+from gpuenv.checks.thresholds import describe_gpu, link_spec_gbps, model_spec, nccl_efficiency
 from gpuenv.results import Measurement, Result, Status
 
 NAME = "nccl"
-DESCRIPTION = "NCCL all-reduce via cupy.cuda.nccl over all GPUs: verified, busbw sweep, per pair"
+DESCRIPTION = (
+    "NCCL all-reduce via cupy.cuda.nccl over all GPUs: verified, busbw sweep, per pair, transport"
+)
+PLACEMENT = Placement.GPU
+
+
+def unavailable(ctx: Context, node: NodeInfo) -> str | None:
+    if not has_module("cupy"):
+        return "cupy not installed"
+    if len(node.gpus) < 2:
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): nothing to measure.
+        return f"an all-reduce between GPUs needs at least 2 GPUs; {len(node.gpus)} visible"
+    return None
+
+
+def world(ctx: Context, node: NodeInfo) -> int:
+    return len(node.gpus)
+
+
+def needed(node: NodeInfo) -> bool:
+    """Required only where there are GPUs to join: a one-GPU node has no NCCL path to prove."""
+    return len(node.gpus) >= 2
 
 
 class CollectiveTimeout(RuntimeError):
@@ -127,9 +150,12 @@ def _time_allreduce(
     return cp.cuda.get_elapsed_time(start, end) / 1e3 / iters
 
 
-def rank_main(
-    rank: int, world: int, params: Mapping[str, Any], log: RankLog, deadline: float
-) -> dict[str, Any]:
+def rank_main(rc: RankContext) -> dict[str, Any]:
+    rank, world, params, log, deadline = rc.rank, rc.world, rc.params, rc.log, rc.deadline_at
+    # NCCL's own log says which transport it chose (read back below): INFO, one file per rank.
+    debug_file = rc.events / f"nccl-rank{rank}.log"
+    os.environ["NCCL_DEBUG"] = "INFO"
+    os.environ["NCCL_DEBUG_FILE"] = str(debug_file)
     import cupy as cp
     from cupy.cuda import nccl
 
@@ -137,13 +163,12 @@ def rank_main(
     # Connect at init rather than inside the first all-reduce: then enqueueing never blocks
     # on a missing peer, and the polling below can abort the communicator at the deadline.
     os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
-    cp.cuda.Device(rank).use()
-    log.mark(NAME, "unique id")
+    cp.cuda.Device(rc.device).use()
+    rc.mark("unique id")
     uid = share_unique_id(nccl, directory, "all", rank == 0, deadline)
     comm = nccl.NcclCommunicator(world, uid, rank)
-    log.mark(NAME, "communicator")
-    fault_point(NAME, rank)  # a rank that never joins the collective
-    log.mark(NAME, "joining")  # a hung rank stays one mark behind this
+    rc.mark("communicator")
+    rc.mark("joining")  # a hung rank stays one mark behind this
     sizes = [int(mib * 2**20) for mib in params["sizes_mib"]]
     max_count = max(sizes) // 4
     send = cp.full(max_count, rank + 1, dtype=cp.float32)
@@ -170,21 +195,30 @@ def rank_main(
                 f"all-reduce of {size} bytes",
             )
             sweep.append({"bytes": size, "seconds": seconds})
-            log.mark(NAME, f"{size} bytes")
+            rc.mark(f"{size} bytes")
         expected = world * (world + 1) / 2
         wrong = count_not_equal(cp, recv, expected, max(sizes) // 4)
         pairs = []
         if world >= 3 or params.get("pairs"):
             pairs = _pairs(cp, nccl, comm, rank, world, params, directory, log, deadline)
     except CollectiveTimeout as exc:
-        return {"timeout": str(exc), "sweep": sweep}
+        return {"timeout": str(exc), "sweep": sweep, "transport": _transport(debug_file)}
     comm.destroy()
     return {
         "sweep": sweep,
         "wrong_values": wrong,
         "pairs": pairs,
+        "transport": _transport(debug_file),
         "versions": {"nccl": _version(nccl.get_version()), "cupy": cp.__version__},
     }
+
+
+def _transport(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return {"error": f"NCCL's log {path} cannot be read: {exc}"}
+    return nccl_log.parse(text.splitlines()).to_dict()
 
 
 def _pairs(
@@ -244,8 +278,9 @@ def _version(code: int) -> str:
 
 
 def judge(
-    ctx: Context, gpus: list[dict[str, Any]], payloads: Mapping[int, Mapping[str, Any]], world: int
+    ctx: Context, node: NodeInfo, payloads: Mapping[int, Mapping[str, Any]], world: int
 ) -> Result:
+    gpus = node.gpus
     versions = dict(payloads.get(0, {}).get("versions", {}))
     timeouts = {r: p["timeout"] for r, p in payloads.items() if p.get("timeout")}
     if timeouts:
@@ -259,9 +294,9 @@ def judge(
             details={"timeouts": timeouts},
         )
     link = "NVLink" if gpus and all(g.get("nvlink_active") for g in gpus) else "PCIe"
-    model = str(gpus[0].get("name", "")) if gpus else ""
+    row = model_spec(ctx.specs, gpus[0]) if gpus else None
     spec = link_spec_gbps(ctx.specs, gpus[0], link) if gpus else None
-    eff = nccl_efficiency(ctx.thresholds, model, link)
+    eff = nccl_efficiency(ctx.thresholds, row.get("key") if row else None, link)
     threshold = spec * eff if spec else None
     factor = bus_factor(world)
     sweep = []
@@ -316,24 +351,38 @@ def judge(
             f"busbw {largest['busbw_gbps']} GB/s at {largest['bytes']} B < {threshold:.1f} GB/s"
             f" ({link} {spec:.0f} GB/s x {eff})"
         )
+    transports = _merge_transports(payloads)
+    problems += nccl_log.intra_node_problems(transports, nvlink=link == "NVLink")
     details = {
         "link": link,
         "efficiency": eff,
         "link_spec_gbps": spec,
         "sweep": sweep,
         "pairs": pairs,
+        "transport": transports.to_dict(),
     }
-    if problems:
-        return Result(
-            NAME, ctx.node, Status.FAIL, "; ".join(problems), ms, versions, details=details
-        )
-    verdict = (
-        f">= {threshold:.1f} GB/s ({link} {spec:.0f} GB/s x {eff})"
-        if threshold is not None
-        else f"not judged: no {link} spec for {model!r} in gpu_specs.yaml"
-    )
-    reason = (
+    if transports.version:
+        versions["nccl"] = transports.version
+    unjudged = []
+    if threshold is None:
+        what = f"no {link} spec for {describe_gpu(gpus[0])}" if gpus else "no GPU"
+        unjudged.append(f"busbw: {what} in gpu_specs.yaml")
+    judged = f" >= {threshold:.1f} GB/s ({link} {spec:.0f} GB/s x {eff})" if spec else ""
+    passed = (
         f"values verified on {world} GPUs; busbw {largest['busbw_gbps']} GB/s at"
-        f" {largest['bytes'] // 2**20} MiB {verdict}"
+        f" {largest['bytes'] // 2**20} MiB{judged}; transport {transports.summary()}"
     )
-    return Result(NAME, ctx.node, Status.PASS, reason, ms, versions, details=details)
+    return verdict(ctx, NAME, problems, unjudged, passed, ms, versions, details)
+
+
+def _merge_transports(payloads: Mapping[int, Mapping[str, Any]]) -> nccl_log.Transports:
+    """Every rank's view of its connections, added up (each rank logs its own)."""
+    merged = nccl_log.Transports()
+    for _, p in sorted(payloads.items()):
+        t = p.get("transport") or {}
+        merged.version = merged.version or t.get("nccl_version")
+        for fam, n in dict(t.get("families", {})).items():
+            merged.families[fam] = merged.families.get(fam, 0) + int(n)
+        merged.gdrdma = merged.gdrdma or bool(t.get("gdrdma"))
+        merged.samples += [e for e in t.get("evidence", []) if e not in merged.samples]
+    return merged

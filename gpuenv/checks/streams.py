@@ -9,13 +9,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuenv.checks.base import Context, RankLog, fault_point, measurement
-from gpuenv.results import Measurement, Result, Status
+from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, measurement, verdict
+from gpuenv.checks.ranklog import RankContext
+from gpuenv.results import Measurement, Result
 
 NAME = "streams"
 DESCRIPTION = "two CUDA streams: host->device copy overlapping a GEMM; overlap measured and judged"
 
+PLACEMENT = Placement.GPU
+
 H2D = 1
+
+
+def unavailable(ctx: Context, node: NodeInfo) -> str | None:
+    return None if has_module("cupy") else "cupy not installed"
+
+
+def world(ctx: Context, node: NodeInfo) -> int:
+    return len(node.gpus)
 
 
 def _timed(cp: Any, streams: list[Any], work: Any) -> float:
@@ -35,11 +46,11 @@ def _timed(cp: Any, streams: list[Any], work: Any) -> float:
     return max(cp.cuda.get_elapsed_time(start, e) for e in ends)
 
 
-def rank_main(rank: int, world: int, params: Mapping[str, Any], log: RankLog) -> dict[str, Any]:
-    fault_point(NAME, rank)
+def rank_main(rc: RankContext) -> dict[str, Any]:
     import cupy as cp
 
-    cp.cuda.Device(rank).use()
+    params = rc.params
+    cp.cuda.Device(rc.device).use()
     nbytes = int(params["copy_mib"] * 2**20)
     host = cp.cuda.alloc_pinned_memory(nbytes)
     dev = cp.cuda.alloc(nbytes)
@@ -61,14 +72,14 @@ def rank_main(rank: int, world: int, params: Mapping[str, Any], log: RankLog) ->
             for _ in range(reps):
                 cp.matmul(a, b, out=c)
 
-    log.mark(NAME, "alone")
+    rc.mark("alone")
     _timed(cp, [s_copy, s_comp], lambda: (copy(), compute()))  # warm-up: cuBLAS handle, clocks
     t_copy = min(_timed(cp, [s_copy], copy) for _ in range(3))
     t_one = min(_timed(cp, [s_comp], compute) for _ in range(3))
     # As much compute as copy, so that either one can hide the other completely.
     reps = max(1, round(t_copy / t_one))
     t_comp = min(_timed(cp, [s_comp], compute) for _ in range(3))
-    log.mark(NAME, "together")
+    rc.mark("together")
     t_both = min(_timed(cp, [s_copy, s_comp], lambda: (copy(), compute())) for _ in range(3))
     overlap = (t_copy + t_comp - t_both) / min(t_copy, t_comp)
     # The result of the GEMM must still be right when it ran beside a copy.
@@ -88,7 +99,7 @@ def rank_main(rank: int, world: int, params: Mapping[str, Any], log: RankLog) ->
 
 
 def judge(
-    ctx: Context, gpus: list[dict[str, Any]], payloads: Mapping[int, Mapping[str, Any]]
+    ctx: Context, node: NodeInfo, payloads: Mapping[int, Mapping[str, Any]], world: int
 ) -> Result:
     minimum = float(ctx.thresholds["streams"]["min_overlap"])
     ms, problems, per_gpu = [], [], []
@@ -108,16 +119,6 @@ def judge(
                 f"GPU{rank}: overlap {m.value} < {minimum} (copy and compute serialised)"
             )
         per_gpu.append({"rank": rank, **dict(p)})
-    details = {"per_gpu": per_gpu}
-    if problems:
-        return Result(NAME, ctx.node, Status.FAIL, "; ".join(problems), ms, details=details)
     worst = min(float(m.value) for m in ms[::4])
-    return Result(
-        NAME,
-        ctx.node,
-        Status.PASS,
-        f"copy and compute overlap on {len(payloads)} GPU(s);"
-        f" lowest overlap {worst:.2f} >= {minimum}",
-        ms,
-        details=details,
-    )
+    passed = f"copy and compute overlap on {len(payloads)} GPU(s); lowest {worst:.2f} >= {minimum}"
+    return verdict(ctx, NAME, problems, [], passed, ms, details={"per_gpu": per_gpu})

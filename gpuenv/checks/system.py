@@ -1,18 +1,63 @@
-"""`system`: what NVML sees: GPUs, driver, CUDA, ECC, persistence, PCIe, NVLink; versions."""
+"""`system`: the node's probe. What the PCI bus shows and what NVML sees: GPUs, driver, CUDA,
+ECC, persistence, PCIe, NVLink; versions.
+
+The expected GPU count comes from the PCI bus (NVIDIA vendor 0x10de, display or 3D controller
+class) unless the user gives one: a GPU on the bus that the driver does not see is a FAIL that
+names its PCI address, never a SKIP. ``GPUENV_ROOT`` moves the root the PCI bus is read from
+(a fixture in tests).
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from gpuenv.checks.base import Context, RankLog, fault_point, measurement, module_version
+from gpuenv.checks.base import Context, NodeInfo, Placement, measurement, module_version
+from gpuenv.checks.ranklog import RankContext
 from gpuenv.results import Measurement, Result, Status
 
 NAME = "system"
 DESCRIPTION = (
-    "GPUs through NVML: count, model, memory, driver, CUDA, ECC, persistence, PCIe, NVLink"
+    "GPUs on the PCI bus and through NVML: count, model, memory, driver, CUDA, ECC, PCIe, NVLink"
 )
+PLACEMENT = Placement.PROBE
+
+ROOT_ENV = "GPUENV_ROOT"
+NVIDIA_VENDOR = "0x10de"
+# PCI class codes of a GPU: VGA-compatible (0x0300) and 3D (0x0302) display controllers.
+GPU_CLASSES = ("0x0300", "0x0302")
+
+
+def pci_gpus(root: str | os.PathLike[str] | None = None) -> list[str] | None:
+    """PCI addresses of the NVIDIA GPUs on the bus; None when the bus cannot be read."""
+    base = Path(root if root is not None else os.environ.get(ROOT_ENV, "/"))
+    devices = base / "sys/bus/pci/devices"
+    if not devices.is_dir():
+        return None
+    found = []
+    for dev in sorted(devices.iterdir()):
+        try:
+            vendor = (dev / "vendor").read_text().strip().lower()
+            klass = (dev / "class").read_text().strip().lower()
+        except OSError:
+            continue
+        if vendor == NVIDIA_VENDOR and klass[:6] in GPU_CLASSES:
+            found.append(normal_bus_id(dev.name))
+    return found
+
+
+def normal_bus_id(bus_id: str) -> str:
+    """``00000000:17:00.0`` (NVML) and ``0000:17:00.0`` (sysfs) both become ``0000:17:00.0``."""
+    text = bus_id.strip().lower()
+    domain, _, rest = text.partition(":")
+    if not rest:
+        return text
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return text
 
 
 def _call(fn: Any, *args: Any) -> Any:
@@ -61,6 +106,8 @@ def probe() -> dict[str, Any]:
                 {
                     "index": index,
                     "name": _text(pynvml.nvmlDeviceGetName(h)),
+                    "pci_bus_id": _pci_bus_id(h),
+                    "pci_device_id": _pci_device_id(h),
                     "uuid": _text(_call(pynvml.nvmlDeviceGetUUID, h)),
                     "memory_mib": int(mem.total) // 2**20 if mem else None,
                     "ecc": None if ecc is None else bool(ecc[0]),
@@ -76,6 +123,21 @@ def probe() -> dict[str, Any]:
         return info
     finally:
         pynvml.nvmlShutdown()
+
+
+def _pci_bus_id(handle: Any) -> str | None:
+    import pynvml
+
+    info = _call(pynvml.nvmlDeviceGetPciInfo, handle)
+    return normal_bus_id(_text(info.busId)) if info is not None else None
+
+
+def _pci_device_id(handle: Any) -> str | None:
+    """The PCI device id (``0x2335``), from NVML's combined device/vendor word."""
+    import pynvml
+
+    info = _call(pynvml.nvmlDeviceGetPciInfo, handle)
+    return f"0x{(int(info.pciDeviceId) >> 16) & 0xFFFF:04x}" if info is not None else None
 
 
 def visible(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -107,29 +169,71 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def rank_main(rank: int, world: int, params: Mapping[str, Any], log: RankLog) -> dict[str, Any]:
-    fault_point(NAME, rank)
-    return {"probe": probe(), "versions": library_versions()}
+def rank_main(rc: RankContext) -> dict[str, Any]:
+    return {"probe": probe(), "pci_gpus": pci_gpus(), "versions": library_versions()}
 
 
-def judge(ctx: Context, payload: Mapping[str, Any]) -> Result:
+def node_info(payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo:
+    if payload is None:
+        return NodeInfo(no_gpu=why or "the system probe gave nothing")
+    info = payload["probe"]
+    pci = list(payload.get("pci_gpus") or [])
+    if not info.get("available"):
+        return NodeInfo(no_gpu=str(info["reason"]), pci_gpus=pci)
+    gpus = visible(info.get("gpus", []))
+    no_gpu = None if gpus else "no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides all)"
+    if not info.get("gpus"):
+        no_gpu = f"no NVIDIA GPU visible (NVML sees none, driver {info.get('driver')})"
+    return NodeInfo(gpus=gpus, no_gpu=no_gpu, pci_gpus=pci)
+
+
+def unavailable(ctx: Context, node: NodeInfo) -> str | None:
+    return None
+
+
+def world(ctx: Context, node: NodeInfo) -> int:
+    return 1
+
+
+def judge(
+    ctx: Context, node: NodeInfo, payloads: Mapping[int, Mapping[str, Any]], world: int
+) -> Result:
+    payload = payloads[0]
     info = payload["probe"]
     versions = dict(payload.get("versions", {}))
+    pci = payload.get("pci_gpus")
+    on_bus = list(pci) if pci is not None else []
+    expected = ctx.expect_gpus if ctx.expect_gpus is not None else len(on_bus)
+    source = "--expect-gpus" if ctx.expect_gpus is not None else "the PCI bus"
+    pci_note = {"pci_gpus": pci, "expected": expected, "expected_from": source}
     if not info.get("available"):
-        if ctx.expect_gpus:
+        if expected:
+            where = f" at {', '.join(on_bus)}" if on_bus else ""
             return Result(
                 NAME,
                 ctx.node,
                 Status.FAIL,
-                reason=f"expected {ctx.expect_gpus} GPUs, found none: {info['reason']}",
-                measurements=[Measurement("gpus", 0, threshold=ctx.expect_gpus)],
+                reason=(
+                    f"{source} says {expected} NVIDIA GPU(s){where}, but the driver sees none:"
+                    f" {info['reason']}"
+                ),
+                measurements=[Measurement("gpus", 0, "", expected, "min")],
                 versions=versions,
+                details=pci_note,
             )
-        return Result(NAME, ctx.node, Status.SKIP, reason=info["reason"], versions=versions)
+        bus = "no NVIDIA GPU on the PCI bus" if pci is not None else "PCI bus not readable"
+        return Result(
+            NAME,
+            ctx.node,
+            Status.SKIP,
+            reason=f"CPU-only node: {bus}, and NVML answers: {info['reason']}",
+            versions=versions,
+            details=pci_note,
+        )
     versions.update(driver=info["driver"], cuda_driver=info["cuda_driver"])
     gpus = info["gpus"]
     count = len(gpus)
-    ms = [Measurement(**measurement("gpus", count, threshold=ctx.expect_gpus))]
+    ms = [Measurement(**measurement("gpus", count, "", expected, "min"))]
     for g in gpus:
         i = g["index"]
         ms += [
@@ -140,18 +244,34 @@ def judge(ctx: Context, payload: Mapping[str, Any]) -> Result:
             Measurement(f"gpu{i}.ecc", bool(g["ecc"])),
             Measurement(f"gpu{i}.persistence", bool(g["persistence"])),
         ]
-    details = {"gpus": gpus, "visible": [g["index"] for g in visible(gpus)]}
+    details = {"gpus": gpus, "visible": [g["index"] for g in node.gpus], **pci_note}
     summary = (
         f"{count} x {gpus[0]['name']}, driver {info['driver']}, CUDA {info['cuda_driver']}"
         if gpus
         else f"no GPU, driver {info['driver']}"
     )
+    seen = {g.get("pci_bus_id") for g in gpus}
+    unseen = [a for a in on_bus if a not in seen]
     if ctx.expect_gpus is not None and count != ctx.expect_gpus:
         return Result(
             NAME,
             ctx.node,
             Status.FAIL,
-            reason=f"expected {ctx.expect_gpus} GPUs, NVML sees {count}: {summary}",
+            reason=f"--expect-gpus {ctx.expect_gpus}, NVML sees {count}: {summary}",
+            measurements=ms,
+            versions=versions,
+            details=details,
+        )
+    if ctx.expect_gpus is None and (unseen or count < expected):
+        missing = ", ".join(unseen) if unseen else f"{expected - count} of them"
+        return Result(
+            NAME,
+            ctx.node,
+            Status.FAIL,
+            reason=(
+                f"the PCI bus shows {expected} NVIDIA GPU(s), NVML sees {count}; not seen by the"
+                f" driver: {missing} ({summary})"
+            ),
             measurements=ms,
             versions=versions,
             details=details,

@@ -57,6 +57,10 @@ def _merge(base: Any, override: Any, path: tuple[str, ...], source: str) -> Any:
             else:
                 merged[key] = _merge(base[key], value, (*path, key), source)
         return merged
+    if isinstance(base, list) and base and all(isinstance(v, str) for v in base):
+        if not isinstance(override, list) or not all(isinstance(v, str) for v in override):
+            raise BadInput(f"thresholds file {source}: {where} must be a list of check names")
+        return list(override)
     if isinstance(base, list):
         if not isinstance(override, list) or not all(_is_number(v) and v > 0 for v in override):
             raise BadInput(f"thresholds file {source}: {where} must be a list of positive numbers")
@@ -102,15 +106,28 @@ def load_thresholds(override: str | Path | None = None) -> dict[str, Any]:
     return merged
 
 
-def match_model(table: Mapping[str, Any], model: str) -> str | None:
-    """The longest key of ``table`` that is a case-insensitive substring of ``model``."""
-    hits = [k for k in table if k != "default" and k.lower() in model.lower()]
-    return max(hits, key=len) if hits else None
+def model_spec(specs: Mapping[str, Any], gpu: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The spec row of ``gpu``: its PCI device id first, else its exact NVML name; never a guess.
+
+    A substring match would give a GH200 the H200's numbers, or an H20 the H200's.
+    """
+    rows = specs.get("models", [])
+    device_id = str(gpu.get("pci_device_id") or "").lower()
+    if device_id:
+        for row in rows:
+            if device_id in (str(i).lower() for i in row.get("pci_ids", [])):
+                return dict(row)
+    name = " ".join(str(gpu.get("name", "")).split())
+    for row in rows:
+        if name and name in row.get("names", []):
+            return dict(row)
+    return None
 
 
-def model_spec(specs: Mapping[str, Any], model: str) -> dict[str, Any] | None:
-    key = match_model(specs.get("models", {}), model)
-    return dict(specs["models"][key], model_key=key) if key else None
+def describe_gpu(gpu: Mapping[str, Any]) -> str:
+    """``'NVIDIA H200' (PCI id 0x2335)``: how a GPU is named where its spec is missing."""
+    device_id = gpu.get("pci_device_id")
+    return f"{gpu.get('name', '?')!r}" + (f" (PCI id {device_id})" if device_id else "")
 
 
 def pcie_gbps(specs: Mapping[str, Any], generation: int, width: int) -> float | None:
@@ -121,18 +138,18 @@ def pcie_gbps(specs: Mapping[str, Any], generation: int, width: int) -> float | 
     return float(gen["gts"]) * width * float(gen["encoding"]) / 8.0
 
 
-def nccl_efficiency(thresholds: Mapping[str, Any], model: str, link: str) -> float:
+def nccl_efficiency(thresholds: Mapping[str, Any], spec_key: str | None, link: str) -> float:
+    """busbw / link spec a healthy node reaches: per spec row key (exact), else the default."""
     table = thresholds["nccl"]["efficiency"]
-    key = match_model(table, model)
-    if key is not None and link in table[key]:
-        return float(table[key][link])
+    if spec_key is not None and link in table.get(spec_key, {}):
+        return float(table[spec_key][link])
     return float(table["default"][link])
 
 
 def link_spec_gbps(specs: Mapping[str, Any], gpu: Mapping[str, Any], link: str) -> float | None:
     """Per-direction bandwidth of the link between GPUs, from the spec tables."""
     if link == "NVLink":
-        spec = model_spec(specs, str(gpu.get("name", "")))
+        spec = model_spec(specs, gpu)
         value = spec.get("nvlink_gbps") if spec else None
         return float(value) if value else None
     return pcie_gbps(specs, int(gpu.get("pcie_max_gen") or 0), int(gpu.get("pcie_max_width") or 0))

@@ -1,39 +1,50 @@
-"""Entry point of one GPU rank: ``python -m gpuenv.checks.worker CONFIG RANK``.
+"""Entry point of one rank of the PROBE and GPU checks: ``python -m gpuenv.checks.worker RANK``.
 
-Runs the in-process checks (system, cupy, streams, nccl) one after the other in a single
-process per GPU, so that Python and CUDA start-up are paid once, and writes each check's
-raw result to the rank's event file. The parent judges them.
+Runs the checks its rank configuration (gpuenv.checks.ranklog, ``GPUENV_RANK_CONFIG``) lists,
+one after the other, in a single process per GPU, so that Python and CUDA start-up are paid
+once, and writes each check's payload to the rank's event file. The parent judges them.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 import time
 import traceback
 from collections.abc import Sequence
 
-from gpuenv.checks.base import RANK_MARGIN_S, RankLog
+from gpuenv.checks.ranklog import (
+    RANK_MARGIN_S,
+    Heartbeat,
+    RankConfig,
+    RankContext,
+    RankLog,
+    fault_point,
+)
 
 
 def main(argv: Sequence[str]) -> int:
-    with open(argv[0], encoding="utf-8") as fh:
-        config = json.load(fh)
-    rank = int(argv[1])
-    world = int(config["world"])
-    log = RankLog(config["events"], rank)
-    for name in config["checks"]:
-        module = importlib.import_module(f"gpuenv.checks.{name}")
-        params = config["params"].get(name, {})
+    rank = int(argv[0])
+    config = RankConfig.load()
+    log = RankLog(config.events, rank)
+    for name, spec in config.checks.items():
+        check = importlib.import_module(spec["module"])
+        rc = RankContext(
+            check=name,
+            rank=rank,
+            world=config.world,
+            params=config.params(name),
+            log=log,
+            # The parent's clock for this check starts when the previous one ended.
+            deadline_at=time.monotonic() + config.deadline_s(name) - RANK_MARGIN_S,
+            device=rank,
+        )
         log.mark(name, "start")
-        deadline = time.monotonic() + float(config["deadlines"][name]) - RANK_MARGIN_S
         try:
-            if name == "nccl":
-                payload = module.rank_main(rank, world, params, log, deadline)
-            else:
-                payload = module.rank_main(rank, world, params, log)
+            with Heartbeat(log, name):
+                fault_point(name, rank)
+                payload = check.rank_main(rc)
         except Exception as exc:  # reported as the check's ERROR, with where it broke
             payload = {
                 "error": f"{type(exc).__name__}: {exc}",

@@ -8,13 +8,10 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from gpuenv.cli.argtypes import positive
+from gpuenv.cli.argtypes import output_target, positive, visible_devices
 from gpuenv.errors import BadInput
-
-CHECK_NAMES = ("system", "cupy", "streams", "nccl", "ddp", "mpi")
 
 
 def _non_negative_int(text: str) -> int:
@@ -31,27 +28,28 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "check",
         help="validate this node: GPUs, CuPy, streams, NCCL, DDP, MPI",
-        description="Run the node checks under deadlines; exit 0 when nothing failed, "
-        "1 when a check failed, 2 on bad input (nothing run).",
+        description="Run the node checks under deadlines; exit 0 when the run is OK by its"
+        " profile's rules, 1 when not, 2 on bad input (nothing run).",
     )
     p.add_argument(
-        "--only",
-        action="append",
-        metavar="NAMES",
-        help=f"comma-separated checks to run (default all: {','.join(CHECK_NAMES)})",
+        "--only", action="append", metavar="NAMES", help="comma-separated checks (see --list)"
     )
     p.add_argument("--list", action="store_true", help="list the checks and exit")
     p.add_argument(
         "--profile",
-        choices=("quick", "full"),
         default="quick",
-        help="quick: seconds; full: large sizes and sweeps (default quick)",
+        help="quick (seconds), full (large sizes, sweeps) or cpu (CPU-only nodes); default quick",
     )
     p.add_argument(
         "--expect-gpus",
         type=_non_negative_int,
         metavar="N",
-        help="fail `system` unless NVML sees exactly N GPUs",
+        help="fail `system` unless NVML sees exactly N GPUs (default: what the PCI bus shows)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a measurement without a threshold FAILs (default: SKIP naming what is missing)",
     )
     p.add_argument(
         "--thresholds", metavar="FILE", help="YAML overriding gpuenv/data/thresholds.yaml"
@@ -68,49 +66,40 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=handler)
 
 
-def resolve_names(only: list[str] | None) -> list[str]:
+def resolve_names(only: list[str] | None, known: list[str]) -> list[str]:
     if not only:
-        return list(CHECK_NAMES)
+        return list(known)
     wanted = [n.strip() for item in only for n in item.split(",") if n.strip()]
-    unknown = [n for n in wanted if n not in CHECK_NAMES]
+    unknown = [n for n in wanted if n not in known]
     if unknown:
         raise BadInput(
-            f"--only: unknown check(s) {', '.join(map(repr, unknown))};"
-            f" known: {', '.join(CHECK_NAMES)}"
+            f"--only: unknown check(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}"
         )
     if not wanted:
         raise BadInput("--only: no check named")
-    return [n for n in CHECK_NAMES if n in wanted]
-
-
-def _check_output(option: str, target: str | None) -> None:
-    if target is None or (target == "-" and option == "--json"):
-        return
-    parent = Path(target).resolve().parent
-    if not parent.is_dir():
-        raise BadInput(f"{option} {target}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise BadInput(f"{option} {target}: folder {parent} is not writable")
+    return [n for n in known if n in wanted]
 
 
 def handler(args: argparse.Namespace) -> int:
+    from gpuenv.checks import REGISTRY
+
     if args.list:
-        from gpuenv.checks import CHECKS
+        from gpuenv.report import console as console_report
 
-        for name, module in CHECKS.items():
-            print(f"{name:8} {module.DESCRIPTION}")
+        console_report.print_check_list(REGISTRY)
         return 0
-    names = resolve_names(args.only)
-    _check_output("--json", args.json)
-    _check_output("--junit", args.junit)
-    if args.junit == "-":
-        raise BadInput("--junit -: JUnit XML needs a file")
-
     # Everything the run needs is loaded and validated before anything runs.
+    names = resolve_names(args.only, list(REGISTRY))
+    output_target("--json", args.json, stdout_ok=True)
+    output_target("--junit", args.junit)
+    visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
     from gpuenv.checks.base import Context
+    from gpuenv.checks.profiles import requirements
     from gpuenv.checks.thresholds import load_specs, load_thresholds
 
     thresholds = load_thresholds(args.thresholds)
+    requirements(thresholds, args.profile, gpu_node=True)  # an unknown profile stops here
     node = args.node or socket.gethostname().split(".")[0]
     ctx = Context(
         node=node,
@@ -118,33 +107,10 @@ def handler(args: argparse.Namespace) -> int:
         expect_gpus=args.expect_gpus,
         thresholds=thresholds,
         specs=load_specs(),
-        deadline_override=args.deadline,
+        deadline_override_s=args.deadline,
+        strict=args.strict,
     )
-
-    from rich.console import Console
-
-    from gpuenv import __version__
-    from gpuenv.report import console as console_report
-    from gpuenv.results import RunReport, exit_code
-    from gpuenv.runner import run_checks
-
-    # With the JSON on stdout, stdout must hold nothing else.
-    console = Console(stderr=args.json == "-")
-    started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    t0 = time.monotonic()
-    with console_report.LiveTable(names, console, node) as table:
-        results = run_checks(ctx, names, table.update)
-    wall = time.monotonic() - t0
-    console_report.print_summary(results, console, wall)
-    report = RunReport(
-        node=node,
-        profile=args.profile,
-        results=results,
-        started_at=started,
-        duration_s=round(wall, 3),
-        command=["gpuenv", *sys.argv[1:]],
-        gpuenv_version=__version__,
-    )
+    report = run(ctx, names, args.json == "-")
     if args.json:
         from gpuenv.report import jsonreport
 
@@ -152,5 +118,41 @@ def handler(args: argparse.Namespace) -> int:
     if args.junit:
         from gpuenv.report import junit
 
-        junit.write(results, args.junit)
-    return exit_code(results)
+        junit.write(report.results, args.junit, verdicts={node: report.verdict})
+    return report.verdict.exit_code
+
+
+def run(ctx: Any, names: list[str], json_on_stdout: bool) -> Any:
+    """Run the checks with the live table, print the verdict, return the RunReport."""
+    from rich.console import Console
+
+    from gpuenv import __version__
+    from gpuenv.checks import REGISTRY
+    from gpuenv.checks.profiles import assess
+    from gpuenv.checks.session import run_checks
+    from gpuenv.report import console as console_report
+    from gpuenv.report.live import CheckTable
+    from gpuenv.results import RunReport
+
+    # With the JSON on stdout, stdout must hold nothing else.
+    console = Console(stderr=json_on_stdout)
+    started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    began_at = time.monotonic()
+    with CheckTable(names, console, ctx.node) as table:
+        done = run_checks(ctx, names, table)
+    wall_s = time.monotonic() - began_at
+    verdict = assess(
+        ctx.thresholds, ctx.profile, done.node, done.results, REGISTRY, ctx.expect_gpus
+    )
+    report = RunReport(
+        node=ctx.node,
+        profile=ctx.profile,
+        verdict=verdict,
+        results=done.results,
+        started_at=started,
+        duration_s=round(wall_s, 3),
+        command=["gpuenv", *sys.argv[1:]],
+        gpuenv_version=__version__,
+    )
+    console_report.print_summary(report, console)
+    return report

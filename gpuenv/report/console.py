@@ -1,18 +1,15 @@
-"""Live console table with progress while checks run, and the final verdict."""
+"""The console report: the summary after a run, SKIPs grouped by reason, the verdict line."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from types import TracebackType
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.spinner import Spinner
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpuenv.results import Result, Status
+from gpuenv.results import Result, RunReport, Status
 
 STYLES = {
     Status.PASS: "bold green",
@@ -22,96 +19,61 @@ STYLES = {
 }
 
 
-def _key_values(result: Result, limit: int = 3) -> str:
-    judged = [m for m in result.measurements if m.threshold is not None and m.bound]
-    shown = (judged or [m for m in result.measurements if isinstance(m.value, (int, float))])[
-        :limit
-    ]
-    parts = []
-    for m in shown:
-        sign = ">=" if m.bound == "min" else "<="
-        limit_text = f" ({sign} {m.threshold:g})" if m.threshold is not None and m.bound else ""
-        parts.append(
-            f"{m.name} {m.value:g}{(' ' + m.unit) if m.unit else ''}{limit_text}"
-            if isinstance(m.value, (int, float)) and not isinstance(m.value, bool)
-            else f"{m.name} {m.value}"
-        )
-    return ", ".join(parts)
+def skips_by_reason(results: Sequence[Result]) -> dict[str, list[str]]:
+    """SKIPs grouped by their reason: one line per reason, naming the checks (and nodes)."""
+    groups: dict[str, list[str]] = {}
+    nodes = {r.node for r in results}
+    for r in results:
+        if r.status is Status.SKIP:
+            who = r.check if len(nodes) == 1 else f"{r.check}@{r.node}"
+            groups.setdefault(r.reason, []).append(who)
+    return groups
 
 
-class LiveTable:
-    """A table with one row per check: waiting, running (spinner, seconds), then verdict."""
-
-    def __init__(self, names: Sequence[str], console: Console, node: str) -> None:
-        self.names = list(names)
-        self.console = console
-        self.node = node
-        self.states: dict[str, str | Result] = {n: "waiting" for n in names}
-        self.started: dict[str, float] = {}
-        self.t0 = time.monotonic()
-        self._live = Live(
-            console=console, refresh_per_second=8, transient=False, get_renderable=self._render
-        )
-
-    def __enter__(self) -> LiveTable:
-        self._live.__enter__()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._live.__exit__(kind, exc, tb)
-
-    def update(self, name: str, state: str | Result) -> None:
-        if state == "running":
-            self.started[name] = time.monotonic()
-        self.states[name] = state
-        self._live.refresh()
-
-    def _render(self) -> Group:
-        table = Table(title=f"gpuenv check on {self.node}", title_justify="left", expand=False)
-        table.add_column("check")
-        table.add_column("status")
-        table.add_column("time", justify="right")
-        table.add_column("result")
-        for name in self.names:
-            state = self.states.get(name, "waiting")
-            if isinstance(state, Result):
-                table.add_row(
-                    name,
-                    Text(state.status.value, STYLES[state.status]),
-                    f"{state.duration_s:.1f}s",
-                    _row_text(state),
-                )
-            elif state == "running":
-                elapsed = time.monotonic() - self.started.get(name, time.monotonic())
-                table.add_row(name, Spinner("dots", text="running"), f"{elapsed:.1f}s", "")
-            else:
-                table.add_row(name, Text("waiting", "dim"), "", "")
-        done = sum(isinstance(s, Result) for s in self.states.values())
-        footer = Text(f"{done}/{len(self.names)} done, {time.monotonic() - self.t0:.1f}s", "dim")
-        return Group(table, footer)
+def verdict_line(ok: bool, profile: str, gpu_verified: bool, kind: str) -> Text:
+    words = Text("OK", "bold green") if ok else Text("NOT OK", "bold red")
+    gpu = Text("GPUs verified", "green") if gpu_verified else Text("no GPU verified", "bold yellow")
+    return Text.assemble("verdict: ", words, f"  (profile {profile}, {kind} node; ", gpu, ")")
 
 
-def _row_text(result: Result) -> str:
-    return result.reason or _key_values(result)
-
-
-def print_summary(results: Sequence[Result], console: Console, wall_s: float) -> None:
+def print_summary(report: RunReport, console: Console) -> None:
+    results = report.results
+    verdict = report.verdict
     failed = [r for r in results if r.status.failed]
     skipped = [r for r in results if r.status is Status.SKIP]
     passed = [r for r in results if r.status is Status.PASS]
-    verdict = Text("FAILED", "bold red") if failed else Text("OK", "bold green")
-    line = Text.assemble(
-        "verdict: ", verdict,
-        f"  {len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped in {wall_s:.1f}s",
-    )  # fmt: skip
     console.print()
-    console.print(line)
-    for r in failed + skipped:
+    console.print(
+        f"{len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped"
+        f" in {report.duration_s:.1f}s; required here: {', '.join(verdict.required) or 'none'}",
+        markup=False,
+        highlight=False,
+    )
+    for r in failed:
         console.print(
             f"  {r.check} {r.status.value}: {r.reason}",
             style=STYLES[r.status],
             markup=False,
             highlight=False,
         )
+    for reason, checks in skips_by_reason(results).items():
+        console.print(
+            f"  SKIP {', '.join(checks)}: {reason}", style=STYLES[Status.SKIP], markup=False
+        )
+    for problem in verdict.problems:
+        if not any(problem.startswith(f"{r.check} ") for r in failed):
+            console.print(f"  not OK: {problem}", style="bold red", markup=False, highlight=False)
+    console.print(
+        verdict_line(verdict.ok, verdict.profile, verdict.gpu_verified, verdict.node_kind)
+    )
+
+
+def print_check_list(registry: Mapping[str, Any]) -> None:
+    """``gpuenv check --list``: every registered check, where it runs and what it proves."""
+    console = Console()
+    table = Table(show_header=True, box=None)
+    for column in ("check", "runs", "what it proves"):
+        table.add_column(column)
+    for name, check in registry.items():
+        table.add_row(name, check.PLACEMENT.value, check.DESCRIPTION)
+    console.print(table)

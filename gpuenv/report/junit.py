@@ -4,17 +4,31 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpuenv.results import Result, Status
+from gpuenv.results import Result, Status, Verdict
 
 
-def to_xml(results: Sequence[Result], suite_name: str = "gpuenv.check") -> ET.Element:
+def verdict_case(node: str, verdict: Verdict) -> Result:
+    """The run's verdict as one more test case, so that CI fails on a required SKIP too."""
+    gpu = "GPUs verified" if verdict.gpu_verified else "no GPU verified"
+    if verdict.ok:
+        return Result("verdict", node, Status.PASS, f"OK: profile {verdict.profile}, {gpu}")
+    return Result("verdict", node, Status.FAIL, "; ".join(verdict.problems))
+
+
+def to_xml(
+    results: Sequence[Result],
+    suite_name: str = "gpuenv.check",
+    verdicts: Mapping[str, Verdict] | None = None,
+) -> ET.Element:
     root = ET.Element("testsuites", name=suite_name)
     nodes: dict[str, list[Result]] = {}
     for r in results:
         nodes.setdefault(r.node, []).append(r)
+    for node, verdict in (verdicts or {}).items():
+        nodes.setdefault(node, []).append(verdict_case(node, verdict))
     for node, items in nodes.items():
         suite = ET.SubElement(
             root, "testsuite",
@@ -53,7 +67,12 @@ def to_xml(results: Sequence[Result], suite_name: str = "gpuenv.check") -> ET.El
     return root
 
 
-def write(results: Sequence[Result], path: str | Path) -> None:
-    tree = ET.ElementTree(to_xml(results))
+def write(
+    results: Sequence[Result],
+    path: str | Path,
+    suite_name: str = "gpuenv.check",
+    verdicts: Mapping[str, Verdict] | None = None,
+) -> None:
+    tree = ET.ElementTree(to_xml(results, suite_name, verdicts))
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)

@@ -1,19 +1,35 @@
 import pytest
 
 from gpuenv.checks import nccl
-from gpuenv.checks.base import Context
+from gpuenv.checks.base import Context, NodeInfo
 from gpuenv.checks.thresholds import (
     link_spec_gbps,
     load_specs,
     load_thresholds,
-    match_model,
+    model_spec,
     nccl_efficiency,
     pcie_gbps,
 )
 from gpuenv.errors import BadInput
 from gpuenv.results import Status
 
-H200 = {"name": "NVIDIA H200", "nvlink_active": 18, "pcie_max_gen": 5, "pcie_max_width": 16}
+H200 = {
+    "name": "NVIDIA H200",
+    "pci_device_id": "0x2335",
+    "nvlink_active": 18,
+    "pcie_max_gen": 5,
+    "pcie_max_width": 16,
+}
+P2P_LOG = {
+    "nccl_version": "2.28.9",
+    "families": {"P2P": 4},
+    "gdrdma": False,
+    "evidence": ["NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUDA IPC"],
+}
+
+
+def _node(*gpus):
+    return NodeInfo(gpus=list(gpus))
 
 
 def _ctx(thresholds=None):
@@ -25,7 +41,8 @@ def _payloads(busbw_gbps, world=2, sizes=(64 * 2**20, 2**30)):
     factor = nccl.bus_factor(world)
     sweep = [{"bytes": b, "seconds": b / (busbw_gbps / factor * 1e9)} for b in sizes]
     return {
-        r: {"sweep": sweep, "wrong_values": 0, "pairs": [], "versions": {}} for r in range(world)
+        r: {"sweep": sweep, "wrong_values": 0, "pairs": [], "versions": {}, "transport": P2P_LOG}
+        for r in range(world)
     }
 
 
@@ -37,7 +54,7 @@ def test_bus_factor_matches_nccl_tests():
 def test_h200_nvlink_threshold_is_spec_times_efficiency():
     t, s = load_thresholds(), load_specs()
     assert link_spec_gbps(s, H200, "NVLink") == 450
-    assert nccl_efficiency(t, "NVIDIA H200", "NVLink") == 0.6
+    assert nccl_efficiency(t, "H200-SXM", "NVLink") == 0.6
 
 
 def test_pcie_gen5_x16_bandwidth():
@@ -45,19 +62,26 @@ def test_pcie_gen5_x16_bandwidth():
     assert pcie_gbps(load_specs(), 9, 16) is None
 
 
-def test_longest_model_key_wins():
-    table = {"A10": 1, "A100-SXM4": 2, "default": 3}
-    assert match_model(table, "NVIDIA A100-SXM4-80GB") == "A100-SXM4"
-    assert match_model(table, "NVIDIA A10") == "A10"
-    assert match_model(table, "Tesla T4") is None
+def test_specs_match_exactly_never_by_substring():
+    specs = load_specs()
+    assert model_spec(specs, H200)["key"] == "H200-SXM"
+    # The PCI id wins over the name; the name alone works too.
+    assert model_spec(specs, {"name": "NVIDIA H200"})["key"] == "H200-SXM"
+    assert model_spec(specs, {"name": "whatever", "pci_device_id": "0x2335"})["key"] == "H200-SXM"
+    # GH200 and H20 contain "H200" and "H20": neither may get the H200's numbers.
+    assert model_spec(specs, {"name": "NVIDIA GH200 480GB"})["key"] == "GH200"
+    assert model_spec(specs, {"name": "NVIDIA H20"})["key"] == "H20"
+    assert model_spec(specs, {"name": "NVIDIA H200 NVL"})["key"] == "H200-NVL"
+    assert model_spec(specs, {"name": "NVIDIA H2000"}) is None
+    assert model_spec(specs, {"name": "Tesla T4"}) is None
 
 
 def test_nccl_passes_above_and_fails_below_the_threshold():
-    good = nccl.judge(_ctx(), [H200, H200], _payloads(330.0), 2)
+    good = nccl.judge(_ctx(), _node(H200, H200), _payloads(330.0), 2)
     assert good.status is Status.PASS
     busbw = next(m for m in good.measurements if m.name == "busbw")
     assert busbw.threshold == pytest.approx(270.0) and busbw.bound == "min"
-    bad = nccl.judge(_ctx(), [H200, H200], _payloads(200.0), 2)
+    bad = nccl.judge(_ctx(), _node(H200, H200), _payloads(200.0), 2)
     assert bad.status is Status.FAIL
     assert "270.0" in bad.reason and "NVLink" in bad.reason
 
@@ -65,7 +89,7 @@ def test_nccl_passes_above_and_fails_below_the_threshold():
 def test_wrong_values_fail_even_when_fast():
     payloads = _payloads(330.0)
     payloads[1]["wrong_values"] = 3
-    result = nccl.judge(_ctx(), [H200, H200], payloads, 2)
+    result = nccl.judge(_ctx(), _node(H200, H200), payloads, 2)
     assert result.status is Status.FAIL and "rank 1" in result.reason
 
 
@@ -76,18 +100,18 @@ def test_slow_pair_is_named():
         {"pair": [0, 1], "bytes": 2**28, "seconds": fast, "ok": True},
         {"pair": [0, 2], "bytes": 2**28, "seconds": slow, "ok": True},
     ]
-    result = nccl.judge(_ctx(), [H200] * 3, payloads, 3)
+    result = nccl.judge(_ctx(), _node(H200, H200, H200), payloads, 3)
     assert result.status is Status.FAIL
     assert "GPU pair 0,2" in result.reason and "0,1" not in result.reason
 
 
 def test_user_override_changes_the_verdict(tmp_path):
     override = tmp_path / "t.yaml"
-    override.write_text('nccl:\n  efficiency:\n    "NVIDIA H200": {NVLink: 0.8}\n')
+    override.write_text("nccl:\n  efficiency:\n    H200-SXM: {NVLink: 0.8}\n")
     thresholds = load_thresholds(override)
-    assert nccl_efficiency(thresholds, "NVIDIA H200", "NVLink") == 0.8
-    assert nccl_efficiency(thresholds, "NVIDIA A100-SXM4-80GB", "NVLink") == 0.6
-    result = nccl.judge(_ctx(thresholds), [H200, H200], _payloads(330.0), 2)
+    assert nccl_efficiency(thresholds, "H200-SXM", "NVLink") == 0.8
+    assert nccl_efficiency(thresholds, "A100-SXM4-80GB", "NVLink") == 0.6
+    result = nccl.judge(_ctx(thresholds), _node(H200, H200), _payloads(330.0), 2)
     assert result.status is Status.FAIL  # 330 < 450 x 0.8 = 360
 
 
@@ -126,9 +150,31 @@ def test_missing_thresholds_file_is_bad_input(tmp_path):
         load_thresholds(tmp_path / "nope.yaml")
 
 
-def test_every_spec_model_cites_a_source():
-    specs = load_specs()
-    for name, model in specs["models"].items():
-        assert model.get("source"), name
-        assert model["fp16_dense_tflops"] > 0, name
-    assert specs["pcie"]["source"]
+def test_nccl_without_a_spec_is_never_a_pass():
+    unknown = {**H200, "name": "NVIDIA Future", "pci_device_id": "0xffff"}
+    result = nccl.judge(_ctx(), _node(unknown, unknown), _payloads(330.0), 2)
+    assert result.status is Status.SKIP
+    assert "NOT JUDGED" in result.reason and "'NVIDIA Future' (PCI id 0xffff)" in result.reason
+    strict = Context(node="n1", thresholds=load_thresholds(), specs=load_specs(), strict=True)
+    assert nccl.judge(strict, _node(unknown, unknown), _payloads(330.0), 2).status is Status.FAIL
+
+
+def test_nccl_over_shm_between_nvlink_gpus_fails_naming_the_transport():
+    payloads = _payloads(330.0)
+    for p in payloads.values():
+        p["transport"] = {**P2P_LOG, "families": {"SHM": 4}}
+    result = nccl.judge(_ctx(), _node(H200, H200), payloads, 2)
+    assert result.status is Status.FAIL
+    assert "GPUs joined by NVLink talk over SHM instead of P2P" in result.reason
+
+
+def test_nccl_without_its_log_fails():
+    payloads = _payloads(330.0)
+    for p in payloads.values():
+        p["transport"] = {"families": {}}
+    result = nccl.judge(_ctx(), _node(H200, H200), payloads, 2)
+    assert result.status is Status.FAIL and "transport unknown" in result.reason
+
+
+def test_the_pcie_table_cites_its_source():
+    assert load_specs()["pcie"]["source"]

@@ -4,8 +4,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from rich.console import Console
 
-from gpuenv.report import console, jsonreport, junit
-from gpuenv.results import SCHEMA_VERSION, Measurement, Result, RunReport, Status
+from gpuenv.report import console, jsonreport, junit, live
+from gpuenv.results import SCHEMA_VERSION, Measurement, Result, RunReport, Status, Verdict
 
 
 def _results():
@@ -40,6 +40,7 @@ def _report():
     return RunReport(
         node="n1",
         profile="quick",
+        verdict=Verdict(False, "quick", "gpu", ["system"], ["nccl FAIL: busbw 100 GB/s < 270"]),
         results=_results(),
         started_at="2026-11-30T16:00:00Z",
         duration_s=5.0,
@@ -61,6 +62,7 @@ def test_json_document_has_the_documented_fields():
         "command",
         "ok",
         "exit_code",
+        "verdict",
         "results",
     }
     assert data["schema_version"] == SCHEMA_VERSION and data["kind"] == "gpuenv-check"
@@ -96,7 +98,7 @@ def test_json_round_trip_through_a_file(tmp_path):
 def test_foreign_documents_are_refused(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"kind": "something-else", "schema_version": 1}))
-    with pytest.raises(ValueError, match="not a gpuenv check report"):
+    with pytest.raises(ValueError, match="not a gpuenv-check report"):
         jsonreport.load(path)
     path.write_text(json.dumps({"kind": "gpuenv-check", "schema_version": 99}))
     with pytest.raises(ValueError, match="schema_version 99"):
@@ -119,18 +121,21 @@ def test_junit_counts_and_elements(tmp_path):
     assert props["busbw"] == "100.0 GB/s (min 270)" and props["version.nccl"] == "2.28.9"
 
 
-def test_console_summary_names_failures_and_skips():
+def test_console_summary_names_failures_groups_skips_and_ends_on_the_verdict():
     con = Console(record=True, width=120)
-    console.print_summary(_results(), con, 5.0)
-    text = con.export_text()
-    assert "FAILED" in text and "1 passed, 2 failed, 1 skipped" in text
-    assert "cupy SKIP: cupy not installed" in text
+    console.print_summary(_report(), con)
+    lines = con.export_text().strip().splitlines()
+    text = "\n".join(lines)
+    assert "1 passed, 2 failed, 1 skipped" in text
+    assert "SKIP cupy: cupy not installed" in text
+    assert lines[-1].startswith("verdict: NOT OK") and "no GPU verified" in lines[-1]
 
 
 def test_live_table_shows_progress():
     con = Console(record=True, width=120)
-    with console.LiveTable(["system", "nccl"], con, "n1") as table:
-        table.update("system", _results()[0])
-        table.update("nccl", "running")
+    with live.CheckTable(["system", "nccl"], con, "n1") as table:
+        table.begin("system", "")
+        table.end("system", "2 x H200", "PASS")
+        table.begin("nccl", "")
     text = con.export_text()
     assert "PASS" in text and "running" in text

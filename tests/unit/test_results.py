@@ -1,6 +1,6 @@
 import pytest
 
-from gpuenv.results import Measurement, Result, Status, exit_code, overall_ok
+from gpuenv.results import Measurement, Result, RunReport, Status, Verdict, any_failed
 
 
 def test_skip_without_reason_is_rejected():
@@ -36,9 +36,31 @@ def test_unjudged_measurement():
     assert Measurement("model", "H200").ok() is None
 
 
-def test_exit_code_counts_fail_and_error_not_skip():
+def test_any_failed_counts_fail_and_error_not_skip():
     ok = Result("a", "n", Status.PASS)
     skip = Result("b", "n", Status.SKIP, reason="no GPU")
     err = Result("c", "n", Status.ERROR, reason="boom")
-    assert overall_ok([ok, skip]) and exit_code([ok, skip]) == 0
-    assert exit_code([ok, err]) == 1
+    assert not any_failed([ok, skip])
+    assert any_failed([ok, err])
+
+
+def test_a_verdict_refuses_to_contradict_itself():
+    with pytest.raises(ValueError, match="must say why"):
+        Verdict(ok=False, profile="quick", node_kind="gpu")
+    with pytest.raises(ValueError, match="cannot list problems"):
+        Verdict(ok=True, profile="quick", node_kind="gpu", problems=["x"])
+    with pytest.raises(ValueError, match="node_kind"):
+        Verdict(ok=True, profile="quick", node_kind="tpu")
+
+
+def test_run_report_round_trip_and_refusals():
+    verdict = Verdict(ok=False, profile="cpu", node_kind="cpu", problems=["mpi FAIL: x"])
+    report = RunReport("n1", "cpu", verdict, [Result("mpi", "n1", Status.FAIL, "x")])
+    data = report.to_dict()
+    assert data["ok"] is False and data["exit_code"] == 1
+    again = RunReport.from_dict(data)
+    assert again.verdict == verdict and again.results == report.results
+    with pytest.raises(ValueError, match="not a gpuenv-check report"):
+        RunReport.from_dict({**data, "kind": "gpuenv-cluster"})
+    with pytest.raises(ValueError, match="schema_version 1 is not supported"):
+        RunReport.from_dict({**data, "schema_version": 1})

@@ -1,0 +1,177 @@
+"""Transport truth: which transport NCCL actually used, read from NCCL's own log.
+
+NCCL prints, at ``NCCL_DEBUG=INFO``, its version and one line per channel connection:
+
+    NCCL INFO NCCL version 2.28.9+cuda13.0
+    NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUDA IPC
+    NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct
+    NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0
+    NCCL INFO Channel 00/0 : 2[0] -> 0[0] [send] via NET/IB/0/GDRDMA
+
+A bandwidth figure says how fast; only these lines say by which road. The rules judge them
+against what the hardware should give: GPUs joined by NVLink must talk P2P (not SHM, not a
+network), and nodes with an active InfiniBand/RoCE port must talk NET/IB (not Socket).
+Pure functions of text: the readers of sysfs and the log files live with their callers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+VERSION_RE = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
+VIA_RE = re.compile(r"Channel \d+/\d+ : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\].*? via (\S+)")
+
+# Transport families, from the first words after "via".
+P2P, SHM, NET_IB, NET_SOCKET, NET_OTHER, COLLNET, NVLS = (
+    "P2P",
+    "SHM",
+    "NET/IB",
+    "NET/Socket",
+    "NET/other",
+    "CollNet",
+    "NVLS",
+)
+
+
+def family(via: str) -> str:
+    """``P2P/CUDA IPC`` -> P2P, ``NET/IB/0/GDRDMA`` -> NET/IB, ``NET/Socket/1`` -> NET/Socket."""
+    head = via.split("/")
+    if head[0] == "P2P":
+        return P2P
+    if head[0] == "SHM":
+        return SHM
+    if head[0] == "NET":
+        kind = head[1] if len(head) > 1 else ""
+        if kind == "IB":
+            return NET_IB
+        if kind == "Socket":
+            return NET_SOCKET
+        return NET_OTHER
+    if head[0].startswith("CollNet"):
+        return COLLNET
+    if head[0].startswith("NVLS"):
+        return NVLS
+    return via
+
+
+@dataclass
+class Transports:
+    """What one run's NCCL log says."""
+
+    version: str | None = None
+    families: dict[str, int] = field(default_factory=dict)  # family -> connections
+    gdrdma: bool = False  # a NET/IB connection with GPUDirect RDMA
+    samples: list[str] = field(default_factory=list)  # one line per family, as evidence
+
+    @property
+    def seen(self) -> bool:
+        return bool(self.families)
+
+    def summary(self) -> str:
+        if not self.families:
+            return "no connection lines in NCCL's log"
+        parts = [f"{f} x{n}" for f, n in sorted(self.families.items())]
+        rdma = " (GPUDirect RDMA)" if self.gdrdma else ""
+        return f"NCCL {self.version or '?'}: {', '.join(parts)}{rdma}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "nccl_version": self.version,
+            "families": dict(self.families),
+            "gdrdma": self.gdrdma,
+            "evidence": list(self.samples),
+        }
+
+
+def parse(lines: Iterable[str]) -> Transports:
+    out = Transports()
+    for line in lines:
+        if out.version is None:
+            m = VERSION_RE.search(line)
+            if m:
+                out.version = m.group(1)
+                continue
+        m = VIA_RE.search(line)
+        if not m:
+            continue
+        via = m.group(3)
+        fam = family(via)
+        if fam not in out.families:
+            out.samples.append(line.strip()[-160:])
+        out.families[fam] = out.families.get(fam, 0) + 1
+        if fam == NET_IB and "GDRDMA" in via:
+            out.gdrdma = True
+    return out
+
+
+def intra_node_problems(t: Transports, nvlink: bool) -> list[str]:
+    """Between the GPUs of one node: NVLink-joined GPUs must use P2P."""
+    if not t.seen:
+        return ["NCCL's log shows no connection (NCCL_DEBUG=INFO lines missing): transport unknown"]
+    if nvlink:
+        slow = [f for f in (SHM, NET_SOCKET, NET_IB, NET_OTHER) if f in t.families]
+        if slow:
+            return [
+                f"GPUs joined by NVLink talk over {', '.join(slow)} instead of P2P"
+                f" ({t.summary()}); look for NCCL_P2P_DISABLE / NCCL_P2P_LEVEL, or ACS/IOMMU"
+            ]
+    elif NET_SOCKET in t.families or NET_IB in t.families:
+        return [
+            f"GPUs of one node talk over the network ({t.summary()}) instead of P2P or SHM;"
+            " look for NCCL_P2P_DISABLE=1 and NCCL_SHM_DISABLE=1"
+        ]
+    return []
+
+
+def inter_node_problems(t: Transports, active_ib_ports: Mapping[str, list[str]]) -> list[str]:
+    """Across nodes: where every node has an active InfiniBand/RoCE port, NET/IB is expected.
+
+    ``active_ib_ports``: node -> its active ports (``mlx5_0/1``), from /sys/class/infiniband.
+    """
+    if not t.seen:
+        return ["NCCL's log shows no connection (NCCL_DEBUG=INFO lines missing): transport unknown"]
+    with_ib = [n for n, ports in active_ib_ports.items() if ports]
+    if with_ib and len(with_ib) == len(active_ib_ports) and NET_SOCKET in t.families:
+        ports = ", ".join(f"{n}: {p[0]}" for n, p in active_ib_ports.items())
+        return [
+            f"NCCL fell back to TCP sockets ({t.summary()}) although every node has an active"
+            f" InfiniBand/RoCE port ({ports});"
+            " look for NCCL_IB_DISABLE=1, a missing libibverbs/rdma-core, or NCCL_NET"
+        ]
+    return []
+
+
+# Bandwidth floors by transport, per direction, as a fraction of the link the nodes have.
+# Socket transport over Ethernet reaches far less of the NIC than IB verbs; both floors sit well
+# under what healthy links give, so that only a fallback or a broken link falls below them.
+NET_EFFICIENCY = {NET_IB: 0.5, NET_SOCKET: 0.25, NET_OTHER: 0.25}
+
+
+def floor_gbps(t: Transports, link_gbps: float | None) -> float | None:
+    """The least busbw (GB/s) a multi-node all-reduce over ``t`` must reach on that link."""
+    if link_gbps is None or not t.seen:
+        return None
+    nets = [f for f in (NET_IB, NET_SOCKET, NET_OTHER) if f in t.families]
+    if not nets:
+        return None
+    return min(NET_EFFICIENCY[f] for f in nets) * link_gbps
+
+
+IB_RATE_RE = re.compile(r"([\d.]+)\s*Gb/sec")
+
+
+def ib_rate_gbps(rate_text: str) -> float | None:
+    """``200 Gb/sec (4X HDR)`` (sysfs ports/N/rate) -> 25.0 GB/s."""
+    m = IB_RATE_RE.search(rate_text)
+    return float(m.group(1)) / 8.0 if m else None
+
+
+def nic_speed_gbps(speed_text: str) -> float | None:
+    """/sys/class/net/IF/speed in Mb/s (``100000``) -> 12.5 GB/s; -1 or junk -> None."""
+    try:
+        mbps = int(speed_text.strip())
+    except ValueError:
+        return None
+    return mbps / 8000.0 if mbps > 0 else None

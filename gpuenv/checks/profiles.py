@@ -1,0 +1,87 @@
+"""The verdict rules of a node run: which checks a profile requires, and when a run is OK.
+
+A run is OK only when nothing FAILed or ERRORed, every check the profile requires for this kind
+of node PASSed, and something was verified at all. A SKIP is never a silent pass: a required
+check that skipped makes the run not OK, and the console groups every SKIP by its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuenv.checks.base import Check, NodeInfo, Placement
+from gpuenv.errors import BadInput
+from gpuenv.results import Result, Status, Verdict
+
+
+def profile_names(thresholds: Mapping[str, Any]) -> list[str]:
+    return list(thresholds.get("profiles", {}))
+
+
+def requirements(thresholds: Mapping[str, Any], profile: str, gpu_node: bool) -> list[str] | None:
+    """The checks ``profile`` requires on this kind of node; None: not a profile for it."""
+    profiles = thresholds.get("profiles", {})
+    if profile not in profiles:
+        raise BadInput(f"--profile {profile}: unknown profile; known: {', '.join(profiles)}")
+    requires = profiles[profile].get("requires", {})
+    names = requires.get("gpu_node" if gpu_node else "cpu_node")
+    return None if names is None else [str(n) for n in names]
+
+
+def assess(
+    thresholds: Mapping[str, Any],
+    profile: str,
+    node: NodeInfo,
+    results: Sequence[Result],
+    registry: Mapping[str, Check],
+    expect_gpus: int | None = None,
+) -> Verdict:
+    """Apply the rules to one node's results."""
+    gpu_node = bool(node.gpus or node.pci_gpus or expect_gpus)
+    kind = "gpu" if gpu_node else "cpu"
+    by_name = {r.check: r for r in results}
+    problems = [f"{r.check} {r.status.value}: {r.reason}" for r in results if r.status.failed]
+    wanted = requirements(thresholds, profile, gpu_node)
+    required: list[str] = []
+    if wanted is None:
+        other = "GPU" if not gpu_node else "CPU-only"
+        problems.append(
+            f"profile {profile!r} is for {other} nodes and this is a {kind.upper()} node"
+            f" ({_node_words(node)}): nothing it requires could be verified here"
+        )
+    else:
+        for name in wanted:
+            check = registry.get(name)
+            if check is None or name not in by_name:
+                continue  # not selected (--only) or not a known check
+            needed = getattr(check, "needed", None)
+            if needed is not None and not needed(node):
+                continue
+            required.append(name)
+            result = by_name[name]
+            if result.status is Status.SKIP:
+                problems.append(f"required check {name} did not run: {result.reason}")
+    passed = [r for r in results if r.status is Status.PASS]
+    if not passed:
+        problems.append("nothing was verified: no check passed")
+    probe = next((n for n, c in registry.items() if c.PLACEMENT is Placement.PROBE), None)
+    # A GPU is verified when a check other than the probe passed on a node with GPUs to use:
+    # NVML listing a GPU is not the GPU computing.
+    gpu_verified = bool(node.gpus) and any(r.check != probe for r in passed)
+    return Verdict(
+        ok=not problems,
+        profile=profile,
+        node_kind=kind,
+        required=required,
+        problems=problems,
+        gpu_verified=gpu_verified,
+    )
+
+
+def _node_words(node: NodeInfo) -> str:
+    if node.gpus:
+        return f"{len(node.gpus)} GPU(s) visible"
+    if node.pci_gpus:
+        return f"{len(node.pci_gpus)} NVIDIA GPU(s) on the PCI bus, none usable"
+    return "no NVIDIA GPU on the PCI bus or through NVML"

@@ -1,0 +1,386 @@
+"""Runs node checks through the check contract (gpuenv.checks.base), never by their names.
+
+1. The PROBE check runs first, alone, in one worker process: its payload says which GPUs the
+   other checks may use (``NodeInfo``) and gives its own verdict.
+2. Each other check is asked whether it can run here (``unavailable``); a check that cannot is
+   a SKIP with its reason. GPU-placement checks also need a visible GPU.
+3. LAUNCHER checks are started at once (torchrun and mpirun take seconds to start) and wait at
+   their gate.
+4. GPU checks run in one worker process per visible GPU, one check after the other, each under
+   its own deadline that starts when the check before it ended.
+5. The gates open one at a time, in registry order; each launch runs under its deadline.
+
+Whatever happens, no process outlives the run: a deadline or a dead rank kills the whole
+process session (gpuenv.proc), and the ranks' event files name the rank that fell behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, cast
+
+from gpuenv import proc
+from gpuenv.checks import ranklog
+from gpuenv.checks.base import Check, Context, LaunchedCheck, NodeInfo, Placement, ProbeCheck
+from gpuenv.progress import Progress, Silent
+from gpuenv.results import Result, Status
+
+# How long a launcher may take to exit once all its ranks reported: NCCL and torchrun teardown
+# take seconds and decide nothing, the verdict is in.
+TEARDOWN_S = 0.5
+# After a rank died, how long its peers get to report what they saw (they abort by themselves).
+PEER_REPORT_S = 0.2
+# How long the GPU workers get to exit once every check reported.
+WORKER_EXIT_S = 10.0
+
+
+def module_of(check: Check) -> str:
+    """The importable module that holds a check: the worker imports it by this name."""
+    if not isinstance(check, ModuleType):
+        raise TypeError(f"check {check.NAME!r} must be a module (the worker imports it by name)")
+    return check.__name__
+
+
+@dataclass
+class _Session:
+    ctx: Context
+    registry: Mapping[str, Check]
+    workdir: Path
+    progress: Progress
+    results: dict[str, Result] = field(default_factory=dict)
+    launches: list[proc.Launch] = field(default_factory=list)
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        # gpuenv must be importable by the children exactly as it is by this process.
+        root = str(Path(__file__).resolve().parent.parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra or {})
+        return env
+
+    def start(self, argv: list[str], name: str, extra: Mapping[str, str]) -> proc.Launch:
+        launch = proc.Launch(argv, self.workdir / f"{name}.log", self.env(extra)).start()
+        self.launches.append(launch)
+        return launch
+
+    def config(self, name: str, checks: Sequence[str], world: int, gate: Path | None) -> Path:
+        events = self.workdir / name
+        events.mkdir()
+        config = ranklog.RankConfig(
+            world=world,
+            events=str(events),
+            gate=str(gate) if gate else None,
+            checks={
+                n: {
+                    "module": module_of(self.registry[n]),
+                    "params": self.ctx.profile_params(n),
+                    "deadline_s": self.ctx.deadline_s(n),
+                }
+                for n in checks
+            },
+        )
+        return config.write(self.workdir / f"{name}.json")
+
+    def begin(self, name: str) -> None:
+        self.progress.begin(name, self.registry[name].DESCRIPTION)
+
+    def done(self, result: Result) -> None:
+        self.results[result.check] = result
+        self.progress.end(result.check, result.reason, result.status.value)
+
+
+@dataclass
+class NodeRun:
+    """What a run found: the node as the probe saw it, and one Result per check run."""
+
+    node: NodeInfo
+    results: list[Result]
+
+
+def run_checks(
+    ctx: Context,
+    names: Sequence[str],
+    progress: Progress | None = None,
+    registry: Mapping[str, Check] | None = None,
+) -> NodeRun:
+    """Run the named checks on this node, in registry order; never raises for a check."""
+    if registry is None:
+        from gpuenv.checks import REGISTRY
+
+        registry = REGISTRY
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise ValueError(f"unknown check(s): {', '.join(unknown)}")
+    workdir = Path(tempfile.mkdtemp(prefix="gpuenv-check-"))
+    session = _Session(ctx, registry, workdir, progress or Silent())
+    try:
+        node = _run(session, [n for n in registry if n in names])
+    finally:
+        for launch in session.launches:
+            if launch.running():
+                launch.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return NodeRun(node, [session.results[n] for n in registry if n in session.results])
+
+
+def _probe(session: _Session, names: Sequence[str]) -> NodeInfo:
+    ctx, registry = session.ctx, session.registry
+    probes = [c for c in registry.values() if c.PLACEMENT is Placement.PROBE]
+    if len(probes) != 1:
+        raise ValueError(f"the registry needs exactly one PROBE check, it has {len(probes)}")
+    check = cast(ProbeCheck, probes[0])
+    name = check.NAME
+    wanted = name in names
+    if wanted:
+        session.begin(name)
+    began_at = time.monotonic()
+    config = session.config(name, [name], 1, None)
+    launch = session.start(_worker_argv(0), name, {ranklog.CONFIG_ENV: str(config)})
+    outcome = proc.wait(launch, ctx.deadline_s(name))
+    payload = ranklog.rank_results(ranklog.read_events(session.workdir / name), name).get(0)
+    if payload is None or payload.get("error"):
+        why = (
+            f"deadline {ctx.deadline_s(name):g} s expired: the probe did not answer;"
+            " process group killed"
+            if outcome.timed_out
+            else (payload or {}).get("error")
+            or f"probe exited with {proc.describe_exit(outcome.returncode)}: {launch.tail(3)}"
+        )
+        status = Status.FAIL if outcome.timed_out else Status.ERROR
+        result = Result(name, ctx.node, status, why)
+        node = check.node_info(None, f"{name} probe failed: {why}")
+    else:
+        node = check.node_info(payload, None)
+        result = _judge(check, ctx, node, {0: payload}, 1)
+    result.duration_s = time.monotonic() - began_at
+    if wanted:
+        session.done(result)
+    return node
+
+
+def _run(session: _Session, names: list[str]) -> NodeInfo:
+    ctx, registry = session.ctx, session.registry
+    node = _probe(session, names)
+
+    gpu_names: list[str] = []
+    launched: dict[str, tuple[proc.Launch, Path, Path, int]] = {}
+    for name in names:
+        check = registry[name]
+        if check.PLACEMENT is Placement.PROBE:
+            continue
+        why_not = None
+        if check.PLACEMENT is Placement.GPU and not node.has_gpu:
+            why_not = node.no_gpu or "no NVIDIA GPU visible"
+        why_not = why_not or check.unavailable(ctx, node)
+        world = 0 if why_not else check.world(ctx, node)
+        if not why_not and world < 1:
+            why_not = f"{name} has no rank to run here (world {world})"
+        if why_not:
+            session.done(Result(name, ctx.node, Status.SKIP, why_not))
+            continue
+        if check.PLACEMENT is Placement.GPU:
+            gpu_names.append(name)
+            continue
+        # Prestart the launcher; it waits at its gate until its turn.
+        gate = session.workdir / f"{name}.gate"
+        config = session.config(name, [name], world, gate)
+        launcher = cast(LaunchedCheck, check)
+        env = {ranklog.CONFIG_ENV: str(config), **launcher.environment(ctx, node)}
+        launch = session.start(launcher.command(ctx, node, world), name, env)
+        launched[name] = (launch, gate, session.workdir / name, world)
+
+    if gpu_names:
+        _gpu_stage(session, gpu_names, node)
+    for name, (launch, gate, events, world) in launched.items():
+        session.done(_launched(session, node, name, launch, gate, events, world))
+    return node
+
+
+def _worker_argv(rank: int) -> list[str]:
+    return [sys.executable, "-m", "gpuenv.checks.worker", str(rank)]
+
+
+def _judge(
+    check: Check,
+    ctx: Context,
+    node: NodeInfo,
+    payloads: Mapping[int, Mapping[str, Any]],
+    world: int,
+) -> Result:
+    """The check's verdict, or ERROR when a rank raised or the judge cannot read the payloads."""
+    error = ranklog.errors_of(payloads)
+    if error:
+        tb = next((p["traceback"] for p in payloads.values() if p.get("traceback")), "")
+        return Result(check.NAME, ctx.node, Status.ERROR, error, details={"traceback": tb})
+    missing = sorted(set(range(world)) - set(payloads))
+    if missing:
+        return Result(
+            check.NAME, ctx.node, Status.FAIL, f"no result from rank(s) {missing} of {world}"
+        )
+    try:
+        return check.judge(ctx, node, payloads, world)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError) as exc:
+        return Result(
+            check.NAME, ctx.node, Status.ERROR, f"cannot judge the ranks' results: {exc!r}"
+        )
+
+
+def _gpu_stage(session: _Session, names: list[str], node: NodeInfo) -> None:
+    """The GPU checks in one process per GPU, each check under its own deadline."""
+    ctx = session.ctx
+    world = len(node.gpus)
+    config = session.config("gpu", names, world, None)
+    events_dir = session.workdir / "gpu"
+    ranks = [
+        session.start(_worker_argv(r), f"gpu{r}", {ranklog.CONFIG_ENV: str(config)})
+        for r in range(world)
+    ]
+    stage_t0 = time.time()
+    for position, name in enumerate(names):
+        check = session.registry[name]
+        session.begin(name)
+        # The clock of a check starts when the one before it ended (or at launch).
+        began_at = time.monotonic()
+        deadline_s = ctx.deadline_s(name)
+        failure = None
+        while True:
+            events = ranklog.read_events(events_dir)
+            payloads = ranklog.rank_results(events, name)
+            if len(payloads) == world:
+                break
+            dead = {
+                r: x.poll()
+                for r, x in enumerate(ranks)
+                if x.poll() is not None and r not in payloads
+            }
+            if dead or time.monotonic() - began_at > deadline_s:
+                failure = dead
+                break
+            time.sleep(proc.POLL_S)
+        if failure is None:
+            result = _judge(check, ctx, node, payloads, world)
+            result.duration_s = time.monotonic() - began_at
+            result.details["timeline_s"] = ranklog.timeline(events, name, stage_t0)
+            session.done(result)
+            continue
+        if failure:
+            time.sleep(PEER_REPORT_S)  # let a peer that saw the failure report it
+        for launch in ranks:
+            launch.kill()
+        events = ranklog.read_events(events_dir)
+        payloads = ranklog.rank_results(events, name)
+        if failure:
+            who = ", ".join(
+                f"rank {r} exited with {proc.describe_exit(c)}" for r, c in sorted(failure.items())
+            )
+            _, details = ranklog.hang_reason(name, events, world, who)
+            text = f"{who} during {name}; peers were killed"
+            details["rank_exit"] = {str(r): c for r, c in failure.items()}
+            details["log_tail"] = {str(r): ranks[r].tail(6) for r in failure}
+        else:
+            text, details = ranklog.hang_reason(
+                name, events, world, f"deadline {deadline_s:g} s expired"
+            )
+            timeouts = [
+                f"rank {r}: {p['timeout']}" for r, p in payloads.items() if p.get("timeout")
+            ]
+            error = ranklog.errors_of(payloads)
+            text = "; ".join([text, *timeouts, *([error] if error else []), "process group killed"])
+        details["timeline_s"] = ranklog.timeline(events, name, stage_t0)
+        session.done(
+            Result(
+                name,
+                ctx.node,
+                Status.FAIL,
+                text,
+                duration_s=time.monotonic() - began_at,
+                details=details,
+            )
+        )
+        for other in names[position + 1 :]:
+            session.done(
+                Result(
+                    other,
+                    ctx.node,
+                    Status.ERROR,
+                    f"not run: the GPU worker processes were killed after {name} failed",
+                )
+            )
+        return
+    for launch in ranks:
+        proc.wait(launch, WORKER_EXIT_S)
+
+
+def _launched(
+    session: _Session,
+    node: NodeInfo,
+    name: str,
+    launch: proc.Launch,
+    gate: Path,
+    events_dir: Path,
+    world: int,
+) -> Result:
+    """Open a prestarted launch's gate, wait for it under the deadline, judge its ranks."""
+    ctx = session.ctx
+    check = session.registry[name]
+    deadline_s = ctx.deadline_s(name)
+    session.begin(name)
+    gate.touch()
+    opened = time.time()
+    complete_since: list[float] = []
+
+    def complete() -> bool:
+        """Every rank posted its result: allow the launcher TEARDOWN_S to exit, then end it."""
+        if not complete_since:
+            if len(ranklog.rank_results(ranklog.read_events(events_dir), name)) < world:
+                return False
+            complete_since.append(time.monotonic())
+        return time.monotonic() - complete_since[0] > TEARDOWN_S
+
+    outcome = proc.wait(launch, deadline_s, tick=complete)
+    events = ranklog.read_events(events_dir)
+    payloads = ranklog.rank_results(events, name)
+    # Where the time went, from the gate's opening: start-up, each stage, the launcher's exit.
+    trace = {
+        "timeline_s": ranklog.timeline(events, name, opened),
+        "launcher_exit_s": round(outcome.elapsed_s, 3),
+        "launcher_ended_after_results": outcome.stopped,
+    }
+
+    def failed(text: str, details: dict[str, Any], status: Status = Status.FAIL) -> Result:
+        return Result(
+            name, ctx.node, status, text, duration_s=outcome.elapsed_s, details={**details, **trace}
+        )
+
+    if outcome.timed_out:
+        text, details = ranklog.hang_reason(
+            name, events, world, f"deadline {deadline_s:g} s expired"
+        )
+        return failed(f"{text}; process group killed", details)
+    if len(payloads) < world or (outcome.returncode != 0 and not outcome.stopped):
+        launcher = launch.argv[2] if launch.argv[0] == sys.executable else launch.argv[0]
+        how = f"{launcher} exited with {proc.describe_exit(outcome.returncode)}"
+        text, details = ranklog.hang_reason(name, events, world, how)
+        missing = sorted(set(range(world)) - set(payloads))
+        if missing:
+            text += f"; no result from rank(s) {missing}"
+        error = ranklog.errors_of(payloads)
+        if error:
+            text += f"; {error}"
+        details["log_tail"] = launch.tail()
+        return failed(text, details)
+    result = _judge(check, ctx, node, payloads, world)
+    if result.status is Status.ERROR:
+        result.details.setdefault("log_tail", launch.tail())
+    result.duration_s = outcome.elapsed_s
+    result.details.update(trace)
+    return result

@@ -1,0 +1,65 @@
+"""A LAUNCHER check: its launcher starts WORLD ranks of this module, which meet at the gate,
+exchange nothing but files, and post rank+1. ``python -m fakechecks.launched launch N`` is the
+launcher; ``python -m fakechecks.launched rank R N`` a rank."""
+
+import subprocess
+import sys
+import time
+
+from gpuenv.checks import ranklog
+from gpuenv.checks.base import Placement, verdict
+from gpuenv.results import Measurement
+
+NAME = "launched"
+DESCRIPTION = "fake launched check: N ranks behind a gate"
+PLACEMENT = Placement.LAUNCHER
+
+
+def unavailable(ctx, node):
+    return None
+
+
+def world(ctx, node):
+    return 2
+
+
+def command(ctx, node, world):
+    return [sys.executable, "-m", "fakechecks.launched", "launch", str(world)]
+
+
+def environment(ctx, node):
+    return {"FAKE_LAUNCHED": "1"}
+
+
+def judge(ctx, node, payloads, world):
+    values = sorted(p["value"] for p in payloads.values())
+    problems = [] if values == list(range(1, world + 1)) else [f"values {values}"]
+    ms = [Measurement("ranks", world, "", 2.0, "min")]
+    return verdict(ctx, NAME, problems, [], f"{world} ranks posted {values}", ms)
+
+
+def rank(r, world):
+    log = ranklog.RankLog(ranklog.RankConfig.load().events, r)
+    log.mark(NAME, "start")
+    ranklog.wait_gate()
+    rc = ranklog.launched_rank(NAME, r, world)
+    with ranklog.Heartbeat(log, NAME):
+        rc.mark("meet")
+        # A barrier through files, like a collective: every rank inside 'meet' waits for all
+        # peers' tokens (a peer frozen inside 'meet' keeps them waiting, all in one stage).
+        (rc.events / f"token{r}").touch()
+        while not all((rc.events / f"token{p}").exists() for p in range(world)):
+            time.sleep(0.05)
+        rc.mark("post")
+        log.result(NAME, {"value": r + 1})
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "launch":
+        n = int(sys.argv[2])
+        children = [
+            subprocess.Popen([sys.executable, "-m", "fakechecks.launched", "rank", str(r), str(n)])
+            for r in range(n)
+        ]
+        sys.exit(max(c.wait() for c in children))
+    rank(int(sys.argv[2]), int(sys.argv[3]))

@@ -1,0 +1,33 @@
+"""A PROBE that reports the GPUs named in FAKE_GPUS (a count) without touching any GPU."""
+
+import os
+
+from gpuenv.checks.base import NodeInfo, Placement
+from gpuenv.results import Result, Status
+
+NAME = "probe"
+DESCRIPTION = "fake probe: FAKE_GPUS GPUs"
+PLACEMENT = Placement.PROBE
+
+
+def unavailable(ctx, node):
+    return None
+
+
+def world(ctx, node):
+    return 1
+
+
+def rank_main(rc):
+    return {"gpus": int(os.environ.get("FAKE_GPUS", "2"))}
+
+
+def node_info(payload, why):
+    if payload is None:
+        return NodeInfo(no_gpu=why)
+    gpus = [{"index": i, "name": "Fake GPU"} for i in range(payload["gpus"])]
+    return NodeInfo(gpus=gpus, no_gpu=None if gpus else "no fake GPU")
+
+
+def judge(ctx, node, payloads, world):
+    return Result(NAME, ctx.node, Status.PASS, f"{len(node.gpus)} fake GPUs")

@@ -1,0 +1,107 @@
+"""The engine (gpuenv.checks.session) driven through the check contract with fake checks."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from fakechecks import gpusum, launched, probe
+
+from gpuenv import proc
+from gpuenv.checks.base import Context
+from gpuenv.checks.session import run_checks
+from gpuenv.progress import Recorder
+from gpuenv.results import Status
+
+HERE = Path(__file__).resolve().parent
+REGISTRY = {c.NAME: c for c in (probe, gpusum, launched)}
+DEADLINES = {"probe": 20, "gpusum": 20, "launched": 30}
+
+
+@pytest.fixture(autouse=True)
+def _importable(monkeypatch):
+    """The ranks are child processes: they must import the fake checks too."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("GPUENV_FAULT", raising=False)
+
+
+def _ctx(deadlines=None, **params):
+    thresholds = {
+        "deadlines_s": {**DEADLINES, **(deadlines or {})},
+        "profiles": {"quick": {"gpusum": params}},
+    }
+    return Context(node="n1", thresholds=thresholds)
+
+
+def _run(names, deadlines=None, **params):
+    progress = Recorder()
+    run = run_checks(_ctx(deadlines, **params), names, progress, REGISTRY)
+    return {r.check: r for r in run.results}, run, progress
+
+
+def test_every_placement_runs_through_the_contract_and_reports_progress():
+    results, run, progress = _run(["probe", "gpusum", "launched"])
+    assert [r.check for r in run.results] == ["probe", "gpusum", "launched"]
+    assert {n: r.status for n, r in results.items()} == dict.fromkeys(results, Status.PASS)
+    assert results["gpusum"].reason == "2 ranks summed to 3"
+    assert results["launched"].reason == "2 ranks posted [1, 2]"
+    assert len(run.node.gpus) == 2
+    ends = [(c[1], c[3]) for c in progress.calls if c[0] == "end"]
+    assert ends == [("probe", "PASS"), ("gpusum", "PASS"), ("launched", "PASS")]
+
+
+def test_a_wrong_rank_value_fails_through_the_judge():
+    results, _, _ = _run(["gpusum"], offset=1)
+    assert results["gpusum"].status is Status.FAIL
+    assert "sum 5 != 3" in results["gpusum"].reason
+
+
+def test_gpu_checks_skip_with_the_probe_s_reason_when_there_is_no_gpu(monkeypatch):
+    monkeypatch.setenv("FAKE_GPUS", "0")
+    results, _, _ = _run(["gpusum", "launched"])
+    assert results["gpusum"].status is Status.SKIP
+    assert results["gpusum"].reason == "no fake GPU"
+    assert results["launched"].status is Status.PASS  # a launched check needs no GPU here
+
+
+def test_a_hung_gpu_rank_is_named_and_nothing_is_left_running(monkeypatch):
+    fault = "hang:rank=1:check=gpusum"
+    monkeypatch.setenv("GPUENV_FAULT", fault)
+    t0 = time.monotonic()
+    results, _, _ = _run(["gpusum"], deadlines={"gpusum": 2})
+    r = results["gpusum"]
+    assert r.status is Status.FAIL
+    assert "deadline 2 s expired: rank 1 (last: start) did not keep up" in r.reason
+    assert r.details["ranks_behind"] == [1]
+    assert time.monotonic() - t0 < 2 + 12
+    assert proc.processes_with_env("GPUENV_FAULT", fault) == []
+
+
+def test_a_killed_gpu_rank_is_seen_when_it_dies(monkeypatch):
+    monkeypatch.setenv("GPUENV_FAULT", "kill:rank=1:check=gpusum")
+    t0 = time.monotonic()
+    results, _, _ = _run(["gpusum"], deadlines={"gpusum": 30})
+    assert results["gpusum"].reason.startswith("rank 1 exited with signal SIGKILL during gpusum")
+    assert time.monotonic() - t0 < 10  # not the 30 s deadline
+
+
+def test_a_rank_frozen_in_the_same_stage_as_its_peer_is_named(monkeypatch):
+    """Both ranks reach 'meet'; rank 1 is stopped there (SIGSTOP), rank 0 waits and beats."""
+    fault = "freeze:rank=1:check=launched:stage=meet"
+    monkeypatch.setenv("GPUENV_FAULT", fault)
+    results, _, _ = _run(["launched"], deadlines={"launched": 5})
+    r = results["launched"]
+    assert r.status is Status.FAIL
+    assert r.details["ranks_behind"] == [1]
+    assert "rank 1 (frozen in 'meet'" in r.reason
+    assert proc.processes_with_env("GPUENV_FAULT", fault) == []
+
+
+def test_the_probe_is_required_exactly_once():
+    with pytest.raises(ValueError, match="exactly one PROBE"):
+        run_checks(_ctx(), ["gpusum"], None, {"gpusum": gpusum})
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(ValueError, match="unknown check"):
+        run_checks(_ctx(), ["nope"], None, REGISTRY)
