@@ -88,10 +88,30 @@ def processes_with_env(key: str, value: str) -> list[int]:
     return found
 
 
-def kill_session(leader: int, grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM then SIGKILL the leader's process group, session and descendants."""
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_session(
+    leader: int,
+    grace_s: float = KILL_GRACE_S,
+    sweep: bool = True,
+    reap: Callable[[], object] | None = None,
+) -> None:
+    """SIGTERM then SIGKILL the leader's process group, session and descendants.
+
+    ``sweep=False`` signals the process group only, without reading the process table: for
+    callers that start hundreds of sessions whose children never leave their group. ``reap``
+    collects the leader's exit status while waiting (a zombie leader keeps its group alive).
+    """
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        targets = session_members(leader)
+        targets = session_members(leader) if sweep else set()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(leader, sig)
         for pid in targets:
@@ -100,7 +120,11 @@ def kill_session(leader: int, grace_s: float = KILL_GRACE_S) -> None:
         if sig is signal.SIGKILL:
             break
         give_up_at = time.monotonic() + grace_s
-        while time.monotonic() < give_up_at and alive(session_members(leader)):
+        while time.monotonic() < give_up_at:
+            if reap is not None:
+                reap()
+            if not (alive(session_members(leader)) if sweep else group_alive(leader)):
+                break
             time.sleep(POLL_S)
 
 

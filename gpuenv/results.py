@@ -193,3 +193,78 @@ class RunReport:
             command=[str(c) for c in data.get("command", [])],
             gpuenv_version=str(data.get("gpuenv_version", "")),
         )
+
+
+CLUSTER_KIND = "gpuenv-cluster"
+
+
+@dataclass
+class ClusterReport:
+    """One `gpuenv cluster` run: the document `--json` writes and the HTML report is drawn from.
+
+    ``results`` holds the nodes' own check results and the cluster stages' (node "cluster");
+    ``node_reports`` each node's whole run report, its verdict included.
+    """
+
+    hosts: list[str]
+    profile: str = "quick"
+    verdict: Verdict | None = None
+    results: list[Result] = field(default_factory=list)
+    node_reports: dict[str, RunReport] = field(default_factory=dict)
+    facts: dict[str, dict[str, str]] = field(default_factory=dict)
+    # busbw against message size, per node (from the torchrun stage)
+    sweeps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # GB/s per node pair (None: the pair's run failed)
+    matrix: dict[tuple[str, str], float | None] = field(default_factory=dict)
+    isolation: dict[str, Any] | None = None
+    # What the bandwidths were judged against (plots draw these lines).
+    thresholds: dict[str, float | None] = field(default_factory=dict)
+    duration_s: float = 0.0
+    started_at: str = ""
+    command: list[str] = field(default_factory=list)
+    gpuenv_version: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is not None and self.verdict.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": CLUSTER_KIND,
+            "gpuenv_version": self.gpuenv_version,
+            "hosts": list(self.hosts),
+            "profile": self.profile,
+            "started_at": self.started_at,
+            "duration_s": self.duration_s,
+            "command": list(self.command),
+            "ok": self.ok,
+            "exit_code": 0 if self.ok else 1,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+            "results": [r.to_dict() for r in self.results],
+            "node_verdicts": {n: r.verdict.to_dict() for n, r in self.node_reports.items()},
+            "facts": self.facts,
+            "sweeps": self.sweeps,
+            "matrix": [{"a": a, "b": b, "busbw_gbps": v} for (a, b), v in self.matrix.items()],
+            "isolation": self.isolation,
+            "thresholds": dict(self.thresholds),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterReport:
+        _refuse(data, CLUSTER_KIND)
+        return cls(
+            hosts=[str(h) for h in data["hosts"]],
+            profile=str(data.get("profile", "")),
+            verdict=Verdict.from_dict(data["verdict"]) if data.get("verdict") else None,
+            results=[Result.from_dict(r) for r in data.get("results", [])],
+            facts={str(k): dict(v) for k, v in data.get("facts", {}).items()},
+            sweeps={str(k): list(v) for k, v in data.get("sweeps", {}).items()},
+            matrix={(m["a"], m["b"]): m["busbw_gbps"] for m in data.get("matrix", [])},
+            isolation=data.get("isolation"),
+            thresholds=dict(data.get("thresholds", {})),
+            duration_s=float(data.get("duration_s", 0.0)),
+            started_at=str(data.get("started_at", "")),
+            command=[str(c) for c in data.get("command", [])],
+            gpuenv_version=str(data.get("gpuenv_version", "")),
+        )

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuenv.checks.base import Check, NodeInfo, Placement
 from gpuenv.errors import BadInput
-from gpuenv.results import Result, Status, Verdict
+from gpuenv.results import ClusterReport, Result, Status, Verdict
 
 
 def profile_names(thresholds: Mapping[str, Any]) -> list[str]:
@@ -85,3 +85,47 @@ def _node_words(node: NodeInfo) -> str:
     if node.pci_gpus:
         return f"{len(node.pci_gpus)} NVIDIA GPU(s) on the PCI bus, none usable"
     return "no NVIDIA GPU on the PCI bus or through NVML"
+
+
+def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterReport) -> Verdict:
+    """The rules for a whole cluster: every node's own verdict, and the cluster-wide checks the
+    profile requires (those of the stages that ran: not the ones left out, nor multi-node runs
+    of a one-node cluster)."""
+    problems = [
+        f"{r.node} {r.check} {r.status.value}: {r.reason}"
+        for r in report.results
+        if r.status.failed
+    ]
+    for node, run in report.node_reports.items():
+        problems += [f"{node}: {p}" for p in run.verdict.problems if " FAIL: " not in p
+                     and " ERROR: " not in p]  # fmt: skip
+    kinds = {run.verdict.node_kind for run in report.node_reports.values()}
+    gpu = "gpu" in kinds
+    cluster = {r.check: r for r in report.results if r.node == "cluster"}
+    wanted = requirements(thresholds, profile, gpu, "cluster")
+    required: list[str] = []
+    if wanted is None:
+        problems.append(
+            f"profile {profile!r} is not for a cluster of {'GPU' if gpu else 'CPU-only'} nodes"
+        )
+    else:
+        for name in wanted:
+            result = cluster.get(name)
+            if result is None:
+                continue  # its stage was left out
+            if result.status is Status.SKIP and "multi-node runs need 2" in result.reason:
+                continue
+            required.append(name)
+            if result.status is Status.SKIP:
+                problems.append(f"required check {name} did not run: {result.reason}")
+    if not any(r.status is Status.PASS for r in report.results if r.check != "reach"):
+        problems.append("nothing was verified: no check passed")
+    gpu_verified = any(run.verdict.gpu_verified for run in report.node_reports.values())
+    return Verdict(
+        ok=not problems,
+        profile=profile,
+        node_kind="gpu" if gpu else "cpu",
+        required=required,
+        problems=problems,
+        gpu_verified=gpu_verified,
+    )

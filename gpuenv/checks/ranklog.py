@@ -244,12 +244,12 @@ def ranks_behind(
 ) -> Behind:
     """The ranks that did not get as far as the others in ``check``, or that froze.
 
-    Two tests, either names a rank:
+    Two tests, the second only where the first names nobody:
     - progress: every rank passes the same sequence of marks, so a rank with fewer marks than
       the furthest one (a posted result counts as one more) stopped earlier;
-    - liveness: while ranks wait they beat; a rank whose last event is more than FROZEN_AFTER_S
-      older than the freshest rank's, with every rank in the same stage, is frozen (stopped by
-      a signal, stuck in the kernel) while its peers wait for it.
+    - liveness: while ranks wait they beat; with every rank as far as the others, a rank whose
+      last event is more than FROZEN_AFTER_S older than the freshest rank's is frozen (stopped
+      by a signal, stuck in the kernel) while its peers wait for it.
     ``now`` is wall-clock time (event times are wall clock: they come from other processes).
     """
     marks: dict[int, int] = {}
@@ -273,7 +273,10 @@ def ranks_behind(
     freshest = max(seen_at.values(), default=0.0)
     beating = any(e.get("ev") == "beat" and e.get("check") == check
                   for items in events.values() for e in items)  # fmt: skip
-    if beating and freshest:
+    # Liveness decides only where progress cannot: every rank got equally far. A rank that fell
+    # behind explains its peers' waiting, and a peer that gave up on it (a timeout) and died is
+    # not the cause.
+    if beating and freshest and not behind.why:
         for rank in range(world):
             if rank in behind.why or last[rank] == "finished":
                 continue

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
-import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuenv.cli.argtypes import positive
+from gpuenv.cli.argtypes import output_target, positive
 from gpuenv.errors import BadInput
 
-STAGES = ("check", "consistency", "rendezvous", "torch", "mpi", "pairs")
+if TYPE_CHECKING:
+    from gpuenv.results import ClusterReport
 
 
 def _sizes(text: str) -> list[int]:
@@ -38,8 +36,8 @@ def register(subparsers: Any) -> None:
         "cluster",
         help="validate all nodes of an inventory: checks, consistency, multi-node runs, pairs",
         description="Fan out `gpuenv check` to every node, compare their stacks, run NCCL/gloo, "
-        "DDP and MPI across nodes, and isolate bad nodes. Exit 0 when nothing failed, 1 when "
-        "something did, 2 on bad input (nothing launched).",
+        "DDP and MPI across nodes, and isolate bad nodes. Exit 0 when the run is OK by its "
+        "profile's rules, 1 when not, 2 on bad input (nothing launched).",
     )
     p.add_argument("-i", "--inventory", required=True, help="Ansible inventory (file or folder)")
     p.add_argument("-l", "--limit", help="Ansible host pattern restricting the nodes")
@@ -98,33 +96,33 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="STAGES",
-        help=f"comma-separated stages to leave out: {','.join(STAGES)}",
+        help="comma-separated stages to leave out: check, consistency, rendezvous, torch, mpi,"
+        " pairs (docs/cluster.md)",
+    )
+    p.add_argument(
+        "--profile",
+        default="quick",
+        help="quick or full (GPU clusters), cpu (CPU-only clusters such as the lab);"
+        " the nodes' checks run with it too (default quick)",
     )
     p.add_argument(
         "--check-args",
-        default="--profile quick",
-        help="arguments for `gpuenv check` on the nodes (default '--profile quick')",
+        default="",
+        help="more arguments for `gpuenv check` on the nodes (e.g. '--expect-gpus 8')",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=handler)
 
 
 def _stages(skip: list[str]) -> tuple[str, ...]:
+    from gpuenv.cluster.pipeline import STAGE_NAMES
+
     wanted = [s.strip() for item in skip for s in item.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in STAGES]
+    unknown = [s for s in wanted if s not in STAGE_NAMES]
     if unknown:
-        raise BadInput(f"--skip: unknown stage(s) {', '.join(unknown)}; known: {', '.join(STAGES)}")
-    return tuple(s for s in STAGES if s not in wanted)
-
-
-def _check_outputs(args: argparse.Namespace) -> None:
-    for option in ("json", "junit", "html"):
-        target = getattr(args, option)
-        if target is None or (target == "-" and option == "json"):
-            continue
-        parent = Path(target).resolve().parent
-        if not parent.is_dir():
-            raise BadInput(f"--{option} {target}: folder {parent} does not exist")
+        known = ", ".join(STAGE_NAMES)
+        raise BadInput(f"--skip: unknown stage(s) {', '.join(unknown)}; known: {known}")
+    return tuple(s for s in STAGE_NAMES if s not in wanted)
 
 
 def handler(args: argparse.Namespace) -> int:
@@ -137,24 +135,31 @@ def handler(args: argparse.Namespace) -> int:
         check_args = shlex.split(args.check_args)
     except ValueError as exc:
         raise BadInput(f"--check-args: {exc}") from exc
-    if {"--json", "--junit", "--node"} & set(check_args):
-        raise BadInput("--check-args: --json, --junit and --node are set by gpuenv cluster")
-    _check_outputs(args)
+    if {"--json", "--junit", "--node", "--profile"} & set(check_args):
+        raise BadInput(
+            "--check-args: --json, --junit, --node and --profile are set by gpuenv cluster"
+        )
+    output_target("--json", args.json, stdout_ok=True)
+    output_target("--junit", args.junit)
+    output_target("--html", args.html)
+
+    from gpuenv.checks.profiles import requirements
+    from gpuenv.checks.thresholds import load_thresholds
+
+    thresholds = load_thresholds()
+    requirements(thresholds, args.profile, gpu_node=True)  # an unknown profile stops here
 
     from rich.console import Console
 
-    from gpuenv.cluster import inventory, runner
-    from gpuenv.report import console as console_report
-    from gpuenv.report import junit
-    from gpuenv.results import Status
+    from gpuenv.cluster import inventory, pipeline
 
     hosts = inventory.load(args.inventory, args.limit)  # BadInput before anything is launched
     out = Console(stderr=args.json == "-")
     out.print(f"gpuenv cluster: {len(hosts)} node(s): {', '.join(h.name for h in hosts)}")
-    opts = runner.Options(
-        check_args=check_args,
+    opts = pipeline.Options(
+        check_args=["--profile", args.profile, *check_args],
         deadline_s=args.deadline,
-        probe_deadline_s=min(30.0, args.deadline),
+        probe_deadline_s=min(pipeline.PROBE_DEADLINE_S, args.deadline),
         port=args.port,
         nproc_per_node=args.nproc_per_node,
         sizes=args.sizes,
@@ -162,45 +167,53 @@ def handler(args: argparse.Namespace) -> int:
         min_busbw=args.min_busbw,
         pair_relative=args.pair_relative,
         matrix_max_nodes=args.matrix_max_nodes,
+        max_loss_ratio=float(thresholds["ddp"]["max_loss_ratio"]),
         stages=stages,
-        show_progress=not args.no_progress,
     )
-    start = time.monotonic()
-    run = runner.validate(hosts, opts)
-    data = run.to_dict()
+    report = _run(opts, hosts, args.profile, thresholds, out, not args.no_progress)
+    _write_reports(report, args, out)
+    return 0 if report.ok else 1
+
+
+def _run(
+    opts: Any, hosts: list[Any], profile: str, thresholds: Any, out: Any, live: bool
+) -> ClusterReport:
+    import datetime as dt
+
+    from gpuenv import __version__
+    from gpuenv.checks.profiles import assess_cluster
+    from gpuenv.cluster import pipeline
+    from gpuenv.report import console as console_report
+    from gpuenv.report.live import Steps
+
+    started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if live:
+        with Steps(out) as steps:
+            opts.progress = steps
+            report = pipeline.validate(hosts, opts)
+    else:
+        report = pipeline.validate(hosts, opts)
+    report.profile = profile
+    report.started_at = started
+    report.command = ["gpuenv", *sys.argv[1:]]
+    report.gpuenv_version = __version__
+    report.verdict = assess_cluster(thresholds, profile, report)
+    console_report.print_cluster_summary(report, out)
+    return report
+
+
+def _write_reports(report: ClusterReport, args: argparse.Namespace, out: Any) -> None:
+    from gpuenv.report import jsonreport, junit
+
     if args.json:
-        text = json.dumps(data, indent=2, default=str) + "\n"
-        if args.json == "-":
-            sys.stdout.write(text)
-        else:
-            Path(args.json).write_text(text, encoding="utf-8")
+        jsonreport.write(report, args.json)
     if args.junit:
-        tree = junit.ET.ElementTree(junit.to_xml(run.results, "gpuenv.cluster"))
-        junit.ET.indent(tree)
-        tree.write(args.junit, encoding="utf-8", xml_declaration=True)
+        verdicts = {n: r.verdict for n, r in report.node_reports.items()}
+        if report.verdict is not None:
+            verdicts["cluster"] = report.verdict
+        junit.write(report.results, args.junit, "gpuenv.cluster", verdicts)
     if args.html:
         from gpuenv.report import html
 
-        html.write(data, args.html)
+        html.write(report, args.html)
         out.print(f"HTML report: {args.html}")
-    for r in run.results:
-        if r.node == "cluster" or r.status.failed:
-            style = console_report.STYLES[r.status]
-            out.print(
-                f"{r.status.value:5} {r.node} {r.check}: {r.reason}",
-                style=style,
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
-    counts = {st: sum(r.status is st for r in run.results) for st in Status}
-    out.print(
-        f"verdict: {'OK' if data['ok'] else 'FAILED'}  "
-        + ", ".join(f"{n} {st.value}" for st, n in counts.items() if n)
-        + f" on {len(hosts)} node(s) in {time.monotonic() - start:.1f}s",
-        style="bold green" if data["ok"] else "bold red",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
-    return 0 if data["ok"] else 1

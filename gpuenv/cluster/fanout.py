@@ -7,8 +7,14 @@ machine) run as local process groups. Either way the command is the same string 
 result the same ``Outcome``, so everything above this module has one code path.
 
 Nothing outlives its deadline: on a node the command runs under coreutils ``timeout``, which
-kills its whole process group; a local command runs in its own session and its group is
-killed; the controller stops waiting at the deadline plus a grace and closes the connection.
+kills its whole process group; a local command runs in its own session, killed by gpuenv.proc;
+the controller stops waiting for a node at that node's deadline plus a grace and closes its
+connection.
+
+Every node starts at once: a launch whose ranks wait for each other (torchrun, a rendezvous)
+deadlocks if some nodes wait in a queue for others to finish. The real limit is file
+descriptors: about 3 per local node and 6 per SSH node; ``fan_out`` raises the soft limit to the
+hard one and refuses, naming both, a fan-out that would not fit.
 """
 
 from __future__ import annotations
@@ -16,21 +22,29 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import os
+import resource
 import shlex
-import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuenv import proc
 from gpuenv.cluster.inventory import Host
+from gpuenv.errors import EnvironmentProblem
+from gpuenv.progress import Progress, Silent
 
 # Time a node gets past its deadline to deliver the answer before it is called unresponsive.
 GRACE_S = 10.0
-_KILL_AFTER_S = 5
+# On a node, coreutils `timeout` sends SIGKILL this long after its SIGTERM.
+KILL_AFTER_S = 5
+# File descriptors one node's command holds on the controller (pipes, sockets), and a reserve.
+FDS_PER_NODE = 8
+FD_RESERVE = 64
+# How often the controller looks for nodes past their deadline.
+WAIT_POLL_S = 0.2
 
 
 @dataclass
@@ -90,10 +104,12 @@ class _Local:
     def run(self, command: str, deadline_s: float) -> Outcome:
         start = time.monotonic()
         env = {**os.environ, **self.host.env}
+        if self.host.problem:
+            return Outcome(self.host.name, None, error=self.host.problem)
         with self._lock:
             if self._stopped:
                 return Outcome(self.host.name, None, error="stopped before it started")
-            proc = subprocess.Popen(
+            child = subprocess.Popen(
                 ["bash", "-c", command],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -102,47 +118,28 @@ class _Local:
                 env=env,
                 start_new_session=True,
             )
-            self._proc = proc
+            self._proc = child
         try:
-            out, err = proc.communicate(timeout=deadline_s)
-            rc: int | None = proc.returncode
+            out, err = child.communicate(timeout=deadline_s)
+            rc: int | None = child.returncode
             error = ""
         except subprocess.TimeoutExpired:
             self.close()
-            out, err = proc.communicate()
+            out, err = child.communicate()
             rc, error = None, f"did not finish within {deadline_s:.0f} s; killed"
         finally:
             self.close()
         return Outcome(self.host.name, rc, out, err, time.monotonic() - start, error)
 
     def close(self) -> None:
-        """Kill whatever the command left in its process group (workers of a launcher too)."""
+        """Kill whatever the command left in its session (workers of a launcher too)."""
         with self._lock:
             self._stopped = True
-            proc = self._proc
-        if proc is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            end = time.monotonic() + _KILL_AFTER_S
-            while time.monotonic() < end:
-                proc.poll()  # reap the leader so that only live members keep the group
-                if not _group_alive(proc.pid):
-                    return
-                time.sleep(0.05)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+            running = self._proc
+        if running is not None:
+            running.poll()  # reap a finished leader so that only live members keep the group
+            proc.kill_session(running.pid, KILL_AFTER_S, sweep=False, reap=running.poll)
+            running.poll()
 
 
 class _SSH:
@@ -191,12 +188,14 @@ class _SSH:
         # On the node: the whole process group dies at the deadline, whatever the controller does.
         inner = f"{shell_command([], h.env)} {command}" if h.env else command
         remote = (
-            f"timeout -k {_KILL_AFTER_S} {max(1, int(deadline_s))} bash -lc {shlex.quote(inner)}"
+            f"timeout -k {KILL_AFTER_S} {max(1, int(deadline_s))} bash -lc {shlex.quote(inner)}"
         )
 
         def failed(error: str) -> Outcome:
             return Outcome(h.name, None, "", "", time.monotonic() - start, error)
 
+        if h.problem:
+            return failed(h.problem)
         try:
             conn = self._connect(min(deadline_s, 20.0))
             if self.stopped:
@@ -242,27 +241,6 @@ def transport(host: Host) -> _Local | _SSH:
     return _Local(host) if host.local else _SSH(host)
 
 
-@contextmanager
-def progress(label: str, total: int, show: bool) -> Iterator[Callable[[str], None]]:
-    if not show:
-        yield lambda _name: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[last]}"),
-        console=Console(stderr=True),
-        transient=False,
-    ) as bar:
-        task = bar.add_task(label, total=total, last="")
-        yield lambda name: bar.update(task, advance=1, last=name)
-
-
 def _stop(
     hosts: Sequence[Host],
     runners: Mapping[str, _Local | _SSH],
@@ -285,59 +263,90 @@ def _stop_remote(host: Host, command: str) -> None:
         _SSH(host).run(command, 15.0)
 
 
+def ensure_fds(nodes: int) -> None:
+    """Raise the soft file-descriptor limit to the hard one; refuse a fan-out that cannot fit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = nodes * FDS_PER_NODE + FD_RESERVE
+    if soft < need and (hard == resource.RLIM_INFINITY or hard > soft):
+        target = need if hard == resource.RLIM_INFINITY else min(hard, max(need, soft))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    if soft < need:
+        raise EnvironmentProblem(
+            f"{nodes} nodes at once need about {need} file descriptors; the limit is {soft}"
+            f" (hard {hard}): raise it (ulimit -n) or validate fewer nodes at a time (--limit)"
+        )
+
+
 def fan_out(
     hosts: Sequence[Host],
     command: Callable[[Host], str],
     deadline_s: float,
     label: str = "nodes",
-    show_progress: bool = False,
+    progress: Progress | None = None,
     stop_others: Callable[[Host], str] | None = None,
 ) -> dict[str, Outcome]:
-    """Run ``command(host)`` on every host at once; one Outcome per host, by the deadline.
+    """Run ``command(host)`` on every host at once; one Outcome per host, by its deadline.
 
-    With ``stop_others`` (a launch whose ranks wait for each other), the first node that fails
+    Each node has its own deadline, from the moment its command started. With
+    ``stop_others`` (a launch whose ranks wait for each other), the first node that fails
     stops the rest at once instead of letting them wait for their deadline: local process
     groups are killed, and on SSH nodes ``stop_others(host)`` is run (e.g. a pkill of that
     launch's processes).
     """
     if not hosts:
         return {}
+    progress = progress or Silent()
+    ensure_fds(len(hosts))
     runners = {h.name: transport(h) for h in hosts}
     outcomes: dict[str, Outcome] = {}
-    pool = cf.ThreadPoolExecutor(max_workers=min(64, len(hosts)), thread_name_prefix="gpuenv-node")
-    start = time.monotonic()
+    started_at: dict[str, float] = {}
+    # One thread per node: no node waits in a queue behind another.
+    pool = cf.ThreadPoolExecutor(max_workers=len(hosts), thread_name_prefix="gpuenv-node")
+
+    def run_one(h: Host) -> Outcome:
+        started_at[h.name] = time.monotonic()
+        return runners[h.name].run(command(h), deadline_s)
+
+    progress.begin(label, f"{label}: {len(hosts)} node(s)")
     try:
-        with progress(label, len(hosts), show_progress) as advance:
-            futures = {
-                pool.submit(runners[h.name].run, command(h), deadline_s): h.name for h in hosts
-            }
-            first_failure = ""
-            try:
-                for fut in cf.as_completed(futures, timeout=deadline_s + GRACE_S):
-                    name = futures[fut]
-                    try:
-                        outcomes[name] = fut.result()
-                    except Exception as exc:
-                        outcomes[name] = Outcome(name, None, error=f"{type(exc).__name__}: {exc}")
-                    advance(name)
-                    if first_failure:
-                        outcomes[name].error = f"stopped because {first_failure} failed first"
-                    elif stop_others is not None and not outcomes[name].ok:
-                        first_failure = name
-                        pending = [h for h in hosts if h.name not in outcomes]
-                        _stop(pending, runners, stop_others)
-            except cf.TimeoutError:
-                pass
+        futures = {pool.submit(run_one, h): h.name for h in hosts}
+        pending = set(futures)
+        first_failure = ""
+        while pending:
+            done, pending = cf.wait(pending, timeout=WAIT_POLL_S, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                name = futures[fut]
+                try:
+                    outcomes[name] = fut.result()
+                except Exception as exc:
+                    outcomes[name] = Outcome(name, None, error=f"{type(exc).__name__}: {exc}")
+                progress.update(label, f"{len(outcomes)}/{len(hosts)} answered (last: {name})")
+                if first_failure:
+                    outcomes[name].error = f"stopped because {first_failure} failed first"
+                elif stop_others is not None and not outcomes[name].ok:
+                    first_failure = name
+                    waiting = [h for h in hosts if h.name not in outcomes]
+                    _stop(waiting, runners, stop_others)
+            now = time.monotonic()
+            for fut in list(pending):
+                name = futures[fut]
+                began_at = started_at.get(name)
+                if began_at is not None and now > began_at + deadline_s + GRACE_S:
+                    pending.discard(fut)
+                    runners[name].close()
+                    outcomes[name] = Outcome(
+                        name,
+                        None,
+                        duration_s=now - began_at,
+                        error=f"no answer within {deadline_s:.0f} s (+{GRACE_S:.0f} s grace)",
+                    )
     finally:
-        waited = time.monotonic() - start
         for h in hosts:
             if h.name not in outcomes:
                 runners[h.name].close()
-                outcomes[h.name] = Outcome(
-                    h.name,
-                    None,
-                    duration_s=waited,
-                    error=f"no answer within {deadline_s:.0f} s (+{GRACE_S:.0f} s grace)",
-                )
+                outcomes[h.name] = Outcome(h.name, None, error="interrupted before it answered")
         pool.shutdown(wait=False, cancel_futures=True)
+    failed = sum(not o.ok for o in outcomes.values())
+    progress.end(label, f"{len(hosts) - failed}/{len(hosts)} ok", "FAIL" if failed else "PASS")
     return {h.name: outcomes[h.name] for h in hosts}

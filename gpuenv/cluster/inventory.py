@@ -21,7 +21,6 @@ from typing import Any
 
 from gpuenv.errors import BadInput, EnvironmentProblem
 
-DEFAULT_VENV = "/opt/gpuenv"
 # The defaults of roles/ssh_mesh (ssh_mesh_user) and roles/mpi (mpi_hostfile).
 DEFAULT_CLUSTER_USER = "gpuenv"
 DEFAULT_HOSTFILE = "/etc/gpuenv/mpi-hostfile"
@@ -40,10 +39,14 @@ class Host:
     user: str | None = None
     key_file: str | None = None
     known_hosts: tuple[str, ...] = ()
-    python: str = f"{DEFAULT_VENV}/bin/python"
+    # The Python the commands run: plain python3 from the login environment, as users run it.
+    python: str = "python3"
     env: Mapping[str, str] = field(default_factory=dict)
     become_user: str | None = None  # the cluster user mpirun runs as (the SSH mesh's user)
     hostfile: str = DEFAULT_HOSTFILE  # the Open MPI hostfile the mpi role wrote on the node
+    # Why this node cannot be reached at all (its name does not resolve): it is reported as a
+    # failed `reach` by name, and the other nodes are validated without it.
+    problem: str | None = None
 
 
 def _ansible_inventory(inventory: str, limit: str | None) -> dict[str, Any]:
@@ -150,8 +153,7 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
     env = hv.get("gpuenv_cluster_env") or {}
     if not isinstance(env, Mapping):
         raise BadInput(f"host {name}: gpuenv_cluster_env must be a mapping of variable: value")
-    venv = str(hv.get("gpuenv_cluster_venv") or DEFAULT_VENV)
-    python = str(hv.get("gpuenv_cluster_python") or f"{venv}/bin/python")
+    python = str(hv.get("gpuenv_cluster_python") or "python3")
     rendezvous = str(hv.get("gpuenv_cluster_address") or ("127.0.0.1" if local else address))
     hostfile = str(hv.get("gpuenv_cluster_hostfile") or hv.get("mpi_hostfile") or DEFAULT_HOSTFILE)
     if local:
@@ -164,8 +166,7 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
             env={str(k): str(v) for k, v in env.items()},
             hostfile=hostfile,
         )
-    if not _resolves(address):
-        raise BadInput(f"host {name}: address {address!r} does not resolve")
+    problem = None if _resolves(address) else f"address {address!r} does not resolve"
     try:
         port = int(hv.get("ansible_port") or hv.get("ansible_ssh_port") or 22)
     except (TypeError, ValueError) as exc:
@@ -224,6 +225,7 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
         env={str(k): str(v) for k, v in env.items()},
         become_user=None if cluster_user == user else cluster_user,
         hostfile=hostfile,
+        problem=problem,
     )
 
 

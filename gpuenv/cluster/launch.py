@@ -1,9 +1,15 @@
 """Command lines for the real launchers, and the parsing of what their ranks report.
 
-torchrun (``python -m torch.distributed.run``) with c10d rendezvous starts the ranks on every
-node; the master node hosts the rendezvous store (``is_host`` is set explicitly, so several
-emulated nodes on one machine cannot race for it). mpirun starts the MPI ranks from the first
-node over the SSH mesh with the hostfile the ``mpi`` role generated.
+Every command runs as the cluster user in a login shell (``as_user``), with the programs a user
+types: ``torchrun`` and ``mpirun``, and ``python3`` (the inventory's ``gpuenv_cluster_python``
+where set). So a node whose login environment does not find the cluster's Python stack fails
+here, as the user's own jobs would, instead of passing because gpuenv called a venv by path.
+
+torchrun with c10d rendezvous starts the ranks on every node; the master node hosts the
+rendezvous store (``is_host`` is set explicitly, so several emulated nodes on one machine cannot
+race for it). mpirun starts the MPI ranks from the first node over the SSH mesh with the
+hostfile the ``mpi`` role generated; the remote ranks' ``python3`` is found through the
+environment the roles give non-login SSH sessions.
 """
 
 from __future__ import annotations
@@ -31,10 +37,10 @@ def torchrun(
     steps: int,
     timeout_s: float,
 ) -> str:
+    # On a real node the user's torchrun; an emulated (local) node uses the inventory's Python.
+    launcher = [host.python, "-m", "torch.distributed.run"] if host.local else ["torchrun"]
     argv = [
-        host.python,
-        "-m",
-        "torch.distributed.run",
+        *launcher,
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d",
@@ -50,7 +56,15 @@ def torchrun(
         f"--steps={steps}",
         f"--timeout={max(10, int(timeout_s))}",
     ]
-    return shlex.join(argv)
+    return as_user(host, shlex.join(argv))
+
+
+def as_user(host: Host, command: str) -> str:
+    """``command`` in a login shell of the cluster user (the connection's own user where it is
+    the cluster user, or where the node is emulated on this machine)."""
+    if host.local or not host.become_user:
+        return command
+    return shlex.join(["sudo", "-n", "-u", host.become_user, "-H", "bash", "-lc", command])
 
 
 def mpirun(master: Host, hosts: Sequence[Host], nbytes: int, iters: int) -> str:
@@ -80,11 +94,7 @@ def mpirun(master: Host, hosts: Sequence[Host], nbytes: int, iters: int) -> str:
             " ".join(shlex.quote(a) if a != "$sel" else '"$sel"' for a in mpirun_argv),
         ]
     )
-    argv = ["bash", "-c", script]
-    command = shlex.join(argv)
-    if master.become_user:
-        command = shlex.join(["sudo", "-n", "-u", master.become_user, "-H", "bash", "-lc", command])
-    return command
+    return as_user(master, shlex.join(["bash", "-c", script]))
 
 
 def payloads(outcome: Outcome) -> list[dict[str, Any]]:

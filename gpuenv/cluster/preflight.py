@@ -13,11 +13,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuenv.cluster.fanout import Outcome, fan_out
+from gpuenv.cluster.fanout import GRACE_S, Outcome, fan_out
 from gpuenv.cluster.inventory import Host
+from gpuenv.cluster.launch import as_user
 from gpuenv.results import Measurement, Result, Status
 
 IFACE_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# The listener starts this much before the nodes connect (they retry until their deadline).
+LISTENER_HEAD_START_S = 0.2
+# It listens this much longer than the nodes try, so it sees the last of them.
+LISTENER_MARGIN_S = 5.0
 
 
 def iface_matches(spec: str, interfaces: Sequence[str]) -> bool:
@@ -49,7 +54,7 @@ def iface_problems(host: Host, probe: Mapping[str, Any]) -> list[str]:
 
 
 def _probe(host: Host, *words: str) -> str:
-    return shlex.join([host.python, "-m", "gpuenv.cluster.probe", *words])
+    return as_user(host, shlex.join([host.python, "-m", "gpuenv.cluster.probe", *words]))
 
 
 def port_reachability(
@@ -69,11 +74,11 @@ def port_reachability(
             f"--expect={len(hosts)}",
             f"--seconds={deadline_s}",
         )
-        listener.update(fan_out([master], lambda _h: cmd, deadline_s + 5))
+        listener.update(fan_out([master], lambda _h: cmd, deadline_s + LISTENER_MARGIN_S))
 
     thread = threading.Thread(target=listen, name="gpuenv-rdzv-listen", daemon=True)
     thread.start()
-    time.sleep(0.2)
+    time.sleep(LISTENER_HEAD_START_S)
     addr = master.rendezvous_address
     outcomes = fan_out(
         hosts,
@@ -85,9 +90,9 @@ def port_reachability(
             f"--name={h.name}",
             f"--seconds={deadline_s}",
         ),
-        deadline_s + 5,
+        deadline_s + LISTENER_MARGIN_S,
     )
-    thread.join(deadline_s + 20)
+    thread.join(deadline_s + LISTENER_MARGIN_S + GRACE_S)
     failed: dict[str, str] = {}
     for name, out in outcomes.items():
         try:

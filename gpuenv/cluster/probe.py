@@ -111,6 +111,52 @@ def _nccl_env() -> dict[str, str]:
     return facts
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def _default_route_iface() -> str | None:
+    """The interface of the default route (/proc/net/route), which carries the bootstrap."""
+    text = _read("/proc/net/route") or ""
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 1 and fields[1] == "00000000":
+            return fields[0]
+    return None
+
+
+def links(sys_root: str = "/sys") -> dict[str, Any]:
+    """What the network of this node can carry: active InfiniBand/RoCE ports with their rate,
+    and the speed of the default route's NIC. Bandwidth floors across nodes come from these."""
+    from gpuenv.checks.nccl_log import ib_rate_gbps, nic_speed_gbps
+
+    active, rates = [], []
+    ib = os.path.join(sys_root, "class/infiniband")
+    for dev in sorted(os.listdir(ib)) if os.path.isdir(ib) else []:
+        ports = os.path.join(ib, dev, "ports")
+        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
+            state = _read(os.path.join(ports, port, "state")) or ""
+            if "ACTIVE" in state:
+                active.append(f"{dev}/{port}")
+                rate = ib_rate_gbps(_read(os.path.join(ports, port, "rate")) or "")
+                if rate:
+                    rates.append(rate)
+    out: dict[str, Any] = {"ib.active_ports": active}
+    if rates:
+        out["ib.rate_gbps"] = min(rates)
+    iface = _default_route_iface()
+    if iface:
+        out["net.iface"] = iface
+        speed = nic_speed_gbps(_read(os.path.join(sys_root, "class/net", iface, "speed")) or "")
+        if speed:
+            out["net.speed_gbps"] = speed
+    return out
+
+
 def facts() -> dict[str, Any]:
     """Everything consistency compares, plus what the rendezvous preflight needs."""
     compared: dict[str, str] = {
@@ -128,6 +174,7 @@ def facts() -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "python_executable": sys.executable,
         "interfaces": interfaces,
+        "links": links(),
         "facts": compared,
     }
 

@@ -1,21 +1,22 @@
 """Node-side ranks of the multi-node runs; started by torchrun or mpirun, never by hand.
 
-``python -m torch.distributed.run ... -m gpuenv.cluster.worker torch`` measures a torch.distributed
-all-reduce sweep (NCCL on GPUs, gloo on CPU) across every rank of every node, then trains a
-small DDP model a few steps and checks that all ranks hold identical parameters and that the
-loss fell. ``mpirun ... python -m gpuenv.cluster.worker mpi`` runs an mpi4py all-reduce of numpy
-arrays across the hostfile's nodes. The first rank of each node prints one line
-``GPUENV_RESULT {json}``: the controller collects one such line per node.
+``torchrun ... -m gpuenv.cluster.worker torch`` measures a torch.distributed all-reduce sweep
+(NCCL on GPUs, gloo on CPU) across every rank of every node, with NCCL's own log read back to
+say which transport it used, then runs the DDP training step of the node check
+(gpuenv.checks.ddp.train) across the nodes. ``mpirun ... python3 -m gpuenv.cluster.worker mpi``
+runs an mpi4py all-reduce of numpy arrays across the hostfile's nodes. The first rank of each
+node prints one line ``GPUENV_RESULT {json}``: the controller collects one such line per node.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
-import statistics
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from typing import Any
@@ -37,11 +38,18 @@ def run_torch(sizes: list[int], iters: int, steps: int, timeout_s: float) -> Non
     import torch
     import torch.distributed as dist
 
+    from gpuenv.checks import ddp, nccl_log
+
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     gpu = torch.cuda.is_available()
+    debug_file = None
     if gpu:
         torch.cuda.set_device(local_rank)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        # NCCL's own log says which transport it chose; read back after the sweep.
+        debug_file = os.path.join(tempfile.gettempdir(), f"gpuenv-nccl-{os.getpid()}.log")
+        os.environ["NCCL_DEBUG"] = "INFO"
+        os.environ["NCCL_DEBUG_FILE"] = debug_file
     device = torch.device("cuda", local_rank) if gpu else torch.device("cpu")
     backend = "nccl" if gpu else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
@@ -78,31 +86,14 @@ def run_torch(sizes: list[int], iters: int, steps: int, timeout_s: float) -> Non
         )
         del x
 
-    torch.manual_seed(0)  # the same initial model on every rank
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)
-    ).to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if gpu else None)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    gen = torch.Generator().manual_seed(1234 + rank)
-    inputs = torch.randn(256, 64, generator=gen).to(device)
-    target = inputs[:, :1].clone() * 0.5
-    losses, times = [], []
-    for _ in range(steps):
-        sync()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(inputs), target)
-        loss.backward()
-        opt.step()
-        sync()
-        times.append(time.perf_counter() - t0)
-        losses.append(float(loss.item()))
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    lo, hi = flat.clone(), flat.clone()
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-    identical = bool(torch.equal(lo, hi))
+    outcome = ddp.train(rank, world, device, steps)
+    transport: dict[str, Any] = {}
+    if debug_file is not None:
+        try:
+            with open(debug_file, encoding="utf-8", errors="replace") as fh:
+                transport = nccl_log.parse(fh.read().splitlines()).to_dict()
+        except OSError as exc:
+            transport = {"error": f"NCCL's log {debug_file} cannot be read: {exc}"}
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         _emit(
             {
@@ -113,18 +104,17 @@ def run_torch(sizes: list[int], iters: int, steps: int, timeout_s: float) -> Non
                 "world_size": world,
                 "backend": backend,
                 "sweep": sweep,
-                "ddp": {
-                    "params_identical": identical,
-                    "loss_first": losses[0] if losses else None,
-                    "loss_last": losses[-1] if losses else None,
-                    "step_time_s": statistics.median(times[1:] or times) if times else None,
-                },
+                "ddp": outcome,
+                "transport": transport,
                 "torch": torch.__version__,
                 "nccl": ".".join(map(str, torch.cuda.nccl.version())) if gpu else None,
             }
         )
     dist.barrier()
     dist.destroy_process_group()
+    if debug_file is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(debug_file)
 
 
 def run_mpi(nbytes: int, iters: int) -> None:
@@ -156,6 +146,7 @@ def run_mpi(nbytes: int, iters: int) -> None:
                 "algbw_gbps": algbw,
                 "busbw_gbps": busbw,
                 "mpi": MPI.Get_library_version().splitlines()[0].strip().rstrip("\x00"),
+                "python": sys.executable,
             }
         )
     else:

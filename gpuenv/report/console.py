@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpuenv.results import Result, RunReport, Status
+from gpuenv.results import ClusterReport, Result, RunReport, Status, Verdict
 
 STYLES = {
     Status.PASS: "bold green",
@@ -30,10 +30,16 @@ def skips_by_reason(results: Sequence[Result]) -> dict[str, list[str]]:
     return groups
 
 
-def verdict_line(ok: bool, profile: str, gpu_verified: bool, kind: str) -> Text:
-    words = Text("OK", "bold green") if ok else Text("NOT OK", "bold red")
-    gpu = Text("GPUs verified", "green") if gpu_verified else Text("no GPU verified", "bold yellow")
-    return Text.assemble("verdict: ", words, f"  (profile {profile}, {kind} node; ", gpu, ")")
+def verdict_line(verdict: Verdict) -> Text:
+    """The last line of every run: OK or not, the profile, and whether a GPU was verified."""
+    words = Text("OK", "bold green") if verdict.ok else Text("NOT OK", "bold red")
+    gpu = (
+        Text("GPUs verified", "green")
+        if verdict.gpu_verified
+        else Text("no GPU verified", "bold yellow")
+    )
+    where = f"profile {verdict.profile}, {verdict.node_kind} node"
+    return Text.assemble("verdict: ", words, f"  ({where}; ", gpu, ")")
 
 
 def print_summary(report: RunReport, console: Console) -> None:
@@ -63,9 +69,7 @@ def print_summary(report: RunReport, console: Console) -> None:
     for problem in verdict.problems:
         if not any(problem.startswith(f"{r.check} ") for r in failed):
             console.print(f"  not OK: {problem}", style="bold red", markup=False, highlight=False)
-    console.print(
-        verdict_line(verdict.ok, verdict.profile, verdict.gpu_verified, verdict.node_kind)
-    )
+    console.print(verdict_line(verdict))
 
 
 def print_check_list(registry: Mapping[str, Any]) -> None:
@@ -77,3 +81,37 @@ def print_check_list(registry: Mapping[str, Any]) -> None:
     for name, check in registry.items():
         table.add_row(name, check.PLACEMENT.value, check.DESCRIPTION)
     console.print(table)
+
+
+def print_cluster_summary(report: ClusterReport, console: Console) -> None:
+    """The cluster's stages, every failure by node, the SKIPs grouped by reason, the verdict."""
+    results = report.results
+    for r in results:
+        if r.node == "cluster" and r.status is not Status.SKIP:
+            console.print(
+                f"{r.status.value:5} cluster {r.check}: {r.reason}",
+                style=STYLES[r.status], markup=False, highlight=False, soft_wrap=True,
+            )  # fmt: skip
+    for r in results:
+        if r.node != "cluster" and r.status.failed:
+            console.print(
+                f"{r.status.value:5} {r.node} {r.check}: {r.reason}",
+                style=STYLES[r.status], markup=False, highlight=False, soft_wrap=True,
+            )  # fmt: skip
+    for reason, checks in skips_by_reason(results).items():
+        console.print(f"SKIP  {', '.join(checks)}: {reason}", style=STYLES[Status.SKIP],
+                      markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+    verdict = report.verdict
+    if verdict is None:
+        return
+    for problem in verdict.problems:
+        if " FAIL: " not in problem and " ERROR: " not in problem:
+            console.print(f"not OK: {problem}", style="bold red", markup=False, soft_wrap=True)
+    counts = {st: sum(r.status is st for r in results) for st in Status}
+    console.print(
+        ", ".join(f"{n} {st.value}" for st, n in counts.items() if n)
+        + f" on {len(report.hosts)} node(s) in {report.duration_s:.1f}s",
+        markup=False,
+        highlight=False,
+    )
+    console.print(verdict_line(verdict))

@@ -1,7 +1,8 @@
 """The cluster report as one self-contained HTML file: tables plus PNG plots embedded as data URIs.
 
-Rendered from the cluster run's JSON document (``ClusterRun.to_dict()``), so a saved
-``--json`` file can be turned into HTML again later. No external CSS, scripts or images.
+Rendered from a ClusterReport (a saved ``--json`` file loads back into one), so it says what the
+console says: the same verdict, the same SKIPs grouped by reason. No external CSS, scripts or
+images.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 import jinja2
 
 from gpuenv.report import plots
+from gpuenv.report.console import skips_by_reason
+from gpuenv.results import ClusterReport, Measurement
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -36,10 +39,18 @@ img { max-width: 100%; border: 1px solid #ddd; margin: .5em 0; }
 <p class="meta">{{ generated }} &middot; {{ hosts|length }} node(s): {{ hosts|join(", ") }}
  &middot; {{ "%.1f"|format(duration) }} s</p>
 <div class="banner {{ 'ok' if ok else 'bad' }}">{{ verdict }}</div>
-{% if problems %}<h2>What failed</h2><ul>
-{% for r in problems %}
-<li><b>{{ r.node }}</b> &middot; {{ r.check }}: {{ r.reason }}</li>{% endfor %}
+{% if problems %}<h2>Why it is not OK</h2><ul>
+{% for p in problems %}<li>{{ p }}</li>{% endfor %}
 </ul>{% endif %}
+{% if skips %}<h2>Skipped, by reason</h2><ul>
+{% for reason, checks in skips.items() %}<li><b>{{ checks|join(", ") }}</b>: {{ reason }}</li>
+{% endfor %}</ul>{% endif %}
+<h2>Nodes &times; checks</h2>
+<table><tr><th>node</th>{% for c in grid_checks %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for node in grid_nodes %}<tr><td>{{ node }}</td>{% for c in grid_checks %}
+{% set r = grid.get((node, c)) %}{% if r %}<td class="{{ r.status.value }}" title="{{ r.reason }}">
+{{ r.status.value }}</td>{% else %}<td>&nbsp;</td>{% endif %}{% endfor %}</tr>{% endfor %}
+</table>
 {% if isolation %}<h2>Bad-node isolation</h2>
 <p>{{ isolation.rounds|length }} round(s) of node pairs, pass mark
 {{ "%.2f"|format(isolation.threshold_gbps or 0) }} GB/s.
@@ -53,10 +64,10 @@ undecided: {{ isolation.unresolved|join(", ") or "none" }}.</p>{% endif %}
 {% for d in disagreements %}{% for value, nodes in d["values"].items() %}
 <tr{% if not loop.first %} class="odd"{% endif %}><td>{{ d.key }}</td><td>{{ value }}</td>
 <td>{{ nodes|join(", ") }}</td></tr>{% endfor %}{% endfor %}</table>{% endif %}
-<h2>Results</h2>
+<h2>Results in full</h2>
 <table><tr><th>node</th><th>check</th><th>status</th><th>reason</th><th>measured</th><th>s</th></tr>
 {% for r in results %}<tr><td>{{ r.node }}</td><td>{{ r.check }}</td>
-<td class="{{ r.status }}">{{ r.status }}</td><td>{{ r.reason }}</td>
+<td class="{{ r.status.value }}">{{ r.status.value }}</td><td>{{ r.reason }}</td>
 <td>{{ r.measurements|map("measured")|join(", ") }}</td>
 <td>{{ "%.1f"|format(r.duration_s) }}</td></tr>{% endfor %}</table>
 {% if fact_keys %}<h2>Node facts</h2>
@@ -68,10 +79,10 @@ undecided: {{ isolation.unresolved|join(", ") or "none" }}.</p>{% endif %}
 """
 
 
-def _measured(m: Mapping[str, Any]) -> str:
-    text = f"{m['name']}={m['value']}" + (f" {m['unit']}" if m.get("unit") else "")
-    if m.get("threshold") is not None and m.get("bound"):
-        text += f" ({m['bound']} {m['threshold']:g})"
+def _measured(m: Measurement) -> str:
+    text = f"{m.name}={m.value}" + (f" {m.unit}" if m.unit else "")
+    if m.threshold is not None and m.bound:
+        text += f" ({m.bound} {m.threshold:g})"
     return text
 
 
@@ -79,63 +90,70 @@ def _b64(png: bytes) -> str:
     return base64.b64encode(png).decode("ascii")
 
 
-def _node_sweeps(results: list[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    """Each node's own NCCL sweep, from its `gpuenv check` nccl result."""
-    out: dict[str, list[Mapping[str, Any]]] = {}
-    for r in results:
-        sweep = r.get("details", {}).get("sweep") if r.get("check") == "nccl" else None
-        if sweep:
-            out[r["node"]] = sweep
-    return out
-
-
-def figures(data: Mapping[str, Any]) -> list[dict[str, str]]:
+def figures(report: ClusterReport) -> list[dict[str, str]]:
     figs = []
-    local = _node_sweeps(data.get("results", []))
+    local: dict[str, list[Mapping[str, Any]]] = {}
+    local_mark = None
+    for r in report.results:
+        sweep = r.details.get("sweep") if r.check == "nccl" else None
+        if sweep:
+            local[r.node] = sweep
+            busbw = next((m for m in r.measurements if m.name == "busbw"), None)
+            local_mark = busbw.threshold if busbw is not None else local_mark
     if local:
         figs.append({
             "title": "busbw against message size within each node (gpuenv check nccl)",
-            "png": _b64(plots.busbw_vs_size(local, "all-reduce within the node")),
+            "png": _b64(plots.busbw_vs_size(local, "all-reduce within the node", local_mark)),
         })  # fmt: skip
-    if data.get("sweeps"):
+    if report.sweeps:
+        mark = report.thresholds.get("busbw_floor_gbps")
         figs.append({
             "title": "busbw against message size across all nodes (torchrun), as each node saw it",
-            "png": _b64(plots.busbw_vs_size(data["sweeps"], "all-reduce across nodes")),
+            "png": _b64(plots.busbw_vs_size(report.sweeps, "all-reduce across nodes", mark)),
         })  # fmt: skip
-    matrix = {(m["a"], m["b"]): m["busbw_gbps"] for m in data.get("matrix", [])}
-    iso = data.get("isolation") or {}
+    matrix = dict(report.matrix)
+    iso = report.isolation or {}
     if not matrix and iso.get("rounds"):
         matrix = {(m["a"], m["b"]): m["busbw_gbps"] for r in iso["rounds"] for m in r}
     if matrix:
-        names = [h for h in data.get("hosts", []) if any(h in pair for pair in matrix)]
+        names = [h for h in report.hosts if any(h in pair for pair in matrix)]
         if len(names) <= 64:
-            figs.append(
-                {
-                    "title": "node-pair bandwidth matrix",
-                    "png": _b64(plots.pair_matrix(names, matrix)),
-                }
-            )
+            mark = report.thresholds.get("pair_floor_gbps") or iso.get("threshold_gbps")
+            figs.append({"title": "node-pair bandwidth matrix",
+                         "png": _b64(plots.pair_matrix(names, matrix, mark))})  # fmt: skip
     return figs
 
 
-def render(data: Mapping[str, Any]) -> str:
-    results = list(data.get("results", []))
-    ok = bool(data.get("ok"))
-    problems = [r for r in results if r.get("status") in ("FAIL", "ERROR")]
-    consistency = next((r for r in results if r.get("check") == "consistency"), {})
-    disagreements = consistency.get("details", {}).get("disagreements", [])
-    facts: dict[str, dict[str, str]] = data.get("facts", {})
+def render(report: ClusterReport) -> str:
+    results = report.results
+    verdict = report.verdict
+    consistency = next((r for r in results if r.check == "consistency"), None)
+    disagreements = consistency.details.get("disagreements", []) if consistency else []
+    facts = report.facts
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["measured"] = _measured
+    checks = list(dict.fromkeys(r.check for r in results))
+    nodes = [*report.hosts, "cluster"]
+    if verdict is None:
+        banner, problems = "NOT OK: no verdict", ["the run ended before its verdict"]
+    else:
+        gpu = "GPUs verified" if verdict.gpu_verified else "no GPU verified"
+        words = "OK" if verdict.ok else "NOT OK"
+        banner = f"{words}: profile {verdict.profile}, {verdict.node_kind} cluster, {gpu}"
+        problems = verdict.problems
     return env.from_string(_TEMPLATE).render(
-        verdict="PASS: the cluster validated" if ok else f"FAIL: {len(problems)} problem(s)",
-        ok=ok,
+        verdict=banner,
+        ok=report.ok,
         generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        hosts=data.get("hosts", []),
-        duration=float(data.get("duration_s", 0.0)),
+        hosts=report.hosts,
+        duration=report.duration_s,
         problems=problems,
-        isolation=data.get("isolation"),
-        figures=figures(data),
+        skips=skips_by_reason(results),
+        grid={(r.node, r.check): r for r in results},
+        grid_nodes=[n for n in nodes if any(r.node == n for r in results)],
+        grid_checks=checks,
+        isolation=report.isolation,
+        figures=figures(report),
         disagreements=disagreements,
         results=results,
         facts=facts,
@@ -145,5 +163,5 @@ def render(data: Mapping[str, Any]) -> str:
     )
 
 
-def write(data: Mapping[str, Any], path: str | Path) -> None:
-    Path(path).write_text(render(data), encoding="utf-8")
+def write(report: ClusterReport, path: str | Path) -> None:
+    Path(path).write_text(render(report), encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The JSON run report (schema in docs/checks.md)."""
+"""The JSON documents: a node's run report (docs/checks.md), a cluster report (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuenv.results import RunReport
+from gpuenv.results import CLUSTER_KIND, ClusterReport, RunReport
 
 
 def _finite(value: Any) -> Any:
@@ -22,12 +22,12 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def dumps(report: RunReport) -> str:
+def dumps(report: RunReport | ClusterReport) -> str:
     return json.dumps(_finite(report.to_dict()), indent=2, allow_nan=False) + "\n"
 
 
-def write(report: RunReport, target: str) -> None:
-    """Write to ``target``, a path, or ``-`` for stdout."""
+def write(report: RunReport | ClusterReport, target: str) -> None:
+    """Write to ``target``, a path, or ``-`` for stdout (the caller checked the path first)."""
     text = dumps(report)
     if target == "-":
         sys.stdout.write(text)
@@ -39,6 +39,10 @@ def write(report: RunReport, target: str) -> None:
     tmp.replace(path)
 
 
-def load(path: str | Path) -> RunReport:
+def load(path: str | Path) -> RunReport | ClusterReport:
+    """Either document, by its kind; anything else is refused."""
     with open(path, encoding="utf-8") as fh:
-        return RunReport.from_dict(json.load(fh))
+        data = json.load(fh)
+    if isinstance(data, dict) and data.get("kind") == CLUSTER_KIND:
+        return ClusterReport.from_dict(data)
+    return RunReport.from_dict(data)

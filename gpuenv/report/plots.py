@@ -29,8 +29,11 @@ def _size_label(nbytes: float) -> str:
     return f"{nbytes:g} B"
 
 
-def busbw_vs_size(series: Mapping[str, Series], title: str) -> bytes:
-    """Bus bandwidth against message size, one line per node (log-scaled size axis)."""
+def busbw_vs_size(
+    series: Mapping[str, Series], title: str, threshold: float | None = None
+) -> bytes:
+    """Bus bandwidth against message size, one line per node (log-scaled size axis), with the
+    threshold it was judged against as a dashed red line (or said to be missing)."""
     fig = Figure(figsize=(7.5, 4.2))
     ax = fig.add_subplot()
     sizes: set[int] = set()
@@ -45,6 +48,11 @@ def busbw_vs_size(series: Mapping[str, Series], title: str) -> bytes:
     ax.set_xticks(ticks, [_size_label(t) for t in ticks], rotation=30, ha="right")
     ax.set_xlabel("message size")
     ax.set_ylabel("busbw (GB/s)")
+    if threshold is not None:
+        ax.axhline(threshold, color="red", linestyle="--", label=f"pass mark {threshold:.2f} GB/s")
+        title += f" (pass mark {threshold:.2f} GB/s)"
+    else:
+        title += " (not judged: no threshold)"
     ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
     ax.set_ylim(bottom=0)
@@ -53,8 +61,14 @@ def busbw_vs_size(series: Mapping[str, Series], title: str) -> bytes:
     return _png(fig)
 
 
-def pair_matrix(nodes: Sequence[str], matrix: Mapping[tuple[str, str], float | None]) -> bytes:
-    """Node-pair bandwidth as a heat map; a failed pair is marked FAIL, an untested one blank."""
+def pair_matrix(
+    nodes: Sequence[str],
+    matrix: Mapping[tuple[str, str], float | None],
+    threshold: float | None = None,
+) -> bytes:
+    """Node-pair bandwidth as a heat map; a failed pair is marked FAIL, an untested one blank,
+    a pair below ``threshold`` (the pass mark it was judged against) marked LOW and the pass
+    mark drawn on the colour bar."""
     n = len(nodes)
     index = {name: i for i, name in enumerate(nodes)}
     grid = [[math.nan] * n for _ in range(n)]
@@ -71,7 +85,9 @@ def pair_matrix(nodes: Sequence[str], matrix: Mapping[tuple[str, str], float | N
     fig = Figure(figsize=(side + 1.2, side))
     ax = fig.add_subplot()
     image = ax.imshow(grid, cmap="viridis", vmin=0)
-    fig.colorbar(image, ax=ax, label="busbw (GB/s)", shrink=0.8)
+    bar = fig.colorbar(image, ax=ax, label="busbw (GB/s)", shrink=0.8)
+    if threshold is not None:
+        bar.ax.axhline(threshold, color="red", linewidth=2)
     ax.set_xticks(range(n), nodes, rotation=45, ha="right")
     ax.set_yticks(range(n), nodes)
     top = max((v for row in grid for v in row if not math.isnan(v)), default=0.0)
@@ -85,5 +101,11 @@ def pair_matrix(nodes: Sequence[str], matrix: Mapping[tuple[str, str], float | N
                     ax.text(j, i, f"{v:.2f}", ha="center", va="center", color=color, fontsize=8)
     for i, j in failed:
         ax.text(j, i, "FAIL", ha="center", va="center", color="red", fontweight="bold", fontsize=8)
-    ax.set_title("node-pair all-reduce bandwidth")
+    if threshold is not None and n > 16:
+        for i in range(n):
+            for j in range(n):
+                if not math.isnan(grid[i][j]) and grid[i][j] < threshold:
+                    ax.text(j, i, "LOW", ha="center", va="center", color="red", fontsize=7)
+    mark = f"pass mark {threshold:.2f} GB/s" if threshold is not None else "no absolute pass mark"
+    ax.set_title(f"node-pair all-reduce bandwidth ({mark})")
     return _png(fig)

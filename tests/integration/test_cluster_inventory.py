@@ -51,7 +51,7 @@ def test_local_and_ssh_hosts_with_their_connection_settings(tmp_path, known_host
     assert (n1.address, n1.port, n1.user, n1.key_file) == ("127.0.0.1", 2222, "root", str(key))
     assert n1.known_hosts == (str(known_hosts),)
     assert n1.become_user == "gpuenv" and not n1.local
-    assert n1.python == "/opt/gpuenv/bin/python"
+    assert n1.python == "python3"  # the login environment's, as users run it
     assert emu.local and emu.rendezvous_address == "127.0.0.1"
     assert emu.python == "/usr/bin/python3" and emu.env == {"CUDA_VISIBLE_DEVICES": "1"}
     assert [h.name for h in inventory.load(inv, "emu")] == ["emu"]
@@ -90,10 +90,16 @@ def test_inventory_without_hosts(tmp_path):
         inventory.load(inv)
 
 
-def test_host_that_does_not_resolve(tmp_path, known_hosts):
-    inv = write(tmp_path, "all:\n  hosts:\n    ghost: {ansible_host: no-such-node.invalid}\n")
-    with pytest.raises(BadInput, match=r"host ghost: address 'no-such-node\.invalid' does not"):
-        inventory.load(inv)
+def test_host_that_does_not_resolve_is_kept_with_its_problem(tmp_path, known_hosts):
+    """One unresolvable name no longer refuses the whole run: that node fails `reach` by name."""
+    args = f"-o UserKnownHostsFile={known_hosts}"
+    inv = write(
+        tmp_path,
+        f"all:\n  hosts:\n    ghost:\n      ansible_host: no-such-node.invalid\n"
+        f"      ansible_ssh_common_args: '{args}'\n",
+    )
+    (ghost,) = inventory.load(inv)
+    assert ghost.problem == "address 'no-such-node.invalid' does not resolve"
 
 
 def test_host_key_checking_cannot_be_turned_off(tmp_path):
@@ -138,12 +144,12 @@ def test_missing_known_hosts_file_and_open_key(tmp_path):
 
 
 def test_cli_bad_inventory_exits_2_and_launches_nothing(tmp_path, monkeypatch, capsys):
-    from gpuenv.cluster import runner
+    from gpuenv.cluster import pipeline
 
     def boom(*_a, **_k):
         raise AssertionError("nothing may be launched on bad input")
 
-    monkeypatch.setattr(runner, "validate", boom)
+    monkeypatch.setattr(pipeline, "validate", boom)
     inv = write(tmp_path, "all: [unclosed\n")
     assert main(["cluster", "-i", inv]) == 2
     assert "does not parse" in capsys.readouterr().err
@@ -151,6 +157,10 @@ def test_cli_bad_inventory_exits_2_and_launches_nothing(tmp_path, monkeypatch, c
     assert main(["cluster", "-i", good, "--limit", "zzz"]) == 2
     assert main(["cluster", "-i", good, "--skip", "bogus"]) == 2
     assert main(["cluster", "-i", good, "--html", str(tmp_path / "no" / "r.html")]) == 2
+    assert main(["cluster", "-i", good, "--json", str(tmp_path)]) == 2
+    assert main(["cluster", "-i", good, "--profile", "turbo"]) == 2
+    assert main(["cluster", "-i", good, "--check-args", "--profile full"]) == 2
+    assert list(p.name for p in tmp_path.iterdir() if p.suffix == ".tmp") == []
     with pytest.raises(SystemExit) as exc:
         main(["cluster", "-i", good, "--deadline", "-1"])
     assert exc.value.code == 2

@@ -141,3 +141,30 @@ def test_first_failure_stops_the_ranks_still_waiting():
     assert out["quitter"].rc == 3
     assert out["waiter"].why() == "stopped because quitter failed first"
     assert processes_with(marker) == []
+
+
+def test_three_hundred_nodes_start_at_once_and_all_rendezvous(tmp_path):
+    """A launch whose ranks wait for each other: with any cap below the node count it deadlocks.
+
+    Each emulated node leaves its token in a shared folder and waits until all 300 are there.
+    """
+    n = 300
+    hosts = [local(f"n{i}") for i in range(n)]
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    cmd = (
+        f"touch {barrier}/$GPUENV_NODE; "
+        f"while [ $(ls {barrier} | wc -l) -lt {n} ]; do sleep 0.2; done; echo joined"
+    )
+    start = time.monotonic()
+    out = fan_out([local(h.name, env={"GPUENV_NODE": h.name}) for h in hosts], lambda h: cmd, 120)
+    assert [o.why() for o in out.values() if not o.ok] == []
+    assert all(o.stdout.strip() == "joined" for o in out.values())
+    assert time.monotonic() - start < 120
+
+
+def test_each_node_has_its_own_deadline(tmp_path):
+    """A node that finishes late in its own deadline is not cut off by another node's clock."""
+    hosts = [local("quick"), local("slow")]
+    out = fan_out(hosts, lambda h: "sleep 2; echo done" if h.name == "slow" else "true", 4)
+    assert out["slow"].ok and out["slow"].stdout.strip() == "done"

@@ -1,17 +1,15 @@
 import base64
 import re
 
-from gpuenv.cluster.pairs import Isolation
-from gpuenv.cluster.runner import ClusterRun
 from gpuenv.report import html, plots
-from gpuenv.results import Measurement, Result, Status
+from gpuenv.results import ClusterReport, Measurement, Result, Status, Verdict
 
 MIB = 1 << 20
 
 
 def sample_run():
     sweep = [{"bytes": s * MIB, "busbw_gbps": bw} for s, bw in ((1, 1.0), (8, 3.0), (64, 3.8))]
-    run = ClusterRun(hosts=["n1", "n2", "n3"], duration_s=12.5)
+    run = ClusterReport(hosts=["n1", "n2", "n3"], duration_s=12.5)
     run.results = [
         Result("reach", "n1", Status.PASS, "answered"),
         Result(
@@ -35,19 +33,33 @@ def sample_run():
             },
         ),
         Result("isolation", "cluster", Status.FAIL, "bad node(s): n3 <script>"),
+        Result("cupy", "n2", Status.SKIP, "no NVIDIA GPU visible"),
+        Result("cupy", "n3", Status.SKIP, "no NVIDIA GPU visible"),
     ]
+    run.verdict = Verdict(
+        False,
+        "quick",
+        "gpu",
+        ["consistency"],
+        ["cluster consistency FAIL: nodes disagree", "cluster isolation FAIL: n3"],
+    )
+    run.thresholds = {"busbw_floor_gbps": 2.5, "pair_floor_gbps": 2.5}
     run.facts = {n: {"pkg.torch": "2.13.0"} for n in ("n1", "n2")} | {"n3": {"pkg.torch": "2.12.0"}}
     run.sweeps = {"n1": sweep, "n2": sweep, "n3": sweep[:2]}
     run.matrix = {("n1", "n2"): 3.8, ("n1", "n3"): 0.4, ("n2", "n3"): None}
-    run.isolation = Isolation(
-        bad_nodes=["n3"], bad_links=[], unresolved=[], rounds=[{("n1", "n2"): 3.8}], threshold=1.9
-    )
+    run.isolation = {
+        "bad_nodes": ["n3"],
+        "bad_links": [],
+        "unresolved": [],
+        "rounds": [[{"a": "n1", "b": "n2", "busbw_gbps": 3.8}]],
+        "threshold_gbps": 1.9,
+    }
     return run
 
 
 def test_report_is_self_contained_with_embedded_plots(tmp_path):
     path = tmp_path / "report.html"
-    html.write(sample_run().to_dict(), path)
+    html.write(sample_run(), path)
     text = path.read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', text)
     assert len(images) == 3  # node sweeps, cross-node sweeps, pair matrix
@@ -56,19 +68,40 @@ def test_report_is_self_contained_with_embedded_plots(tmp_path):
     # Nothing fetched from elsewhere: no external src/href, no script.
     assert not re.search(r'(src|href)="(?!data:)', text)
     assert "<script>" not in text and "&lt;script&gt;" in text
-    assert "FAIL: 2 problem(s)" in text
+    assert "NOT OK: profile quick, gpu cluster, no GPU verified" in text
+    assert "<b>cupy@n2, cupy@n3</b>: no NVIDIA GPU visible" in text  # SKIPs grouped by reason
+    assert "<th>node</th><th>reach</th><th>nccl</th>" in text  # nodes x checks
     assert "Bad nodes: <b>n3</b>" in text
     assert "2.12.0" in text and 'class="odd"' in text
 
 
-def test_passing_run_without_multi_node_data():
-    run = ClusterRun(hosts=["a"], results=[Result("reach", "a", Status.PASS, "answered")])
-    data = run.to_dict()
-    text = html.render(data)
-    assert "PASS: the cluster validated" in text and "data:image/png" not in text
+def test_the_banner_says_what_the_console_says():
+    run = ClusterReport(
+        hosts=["a"],
+        results=[
+            Result("reach", "a", Status.PASS, "answered"),
+            Result("cupy", "a", Status.SKIP, "no GPU"),
+        ],
+    )
+    run.verdict = Verdict(True, "cpu", "cpu", ["mpi"])
+    text = html.render(run)
+    assert "OK: profile cpu, cpu cluster, no GPU verified" in text and "data:image/png" not in text
+    run.verdict = None
+    assert "NOT OK: no verdict" in html.render(run)
+
+
+def test_a_report_survives_its_json():
+    run = sample_run()
+    again = ClusterReport.from_dict(run.to_dict())
+    assert again.verdict == run.verdict and again.matrix == run.matrix
+    assert html.render(again).count("data:image/png") == 3
 
 
 def test_plots_are_png():
     png = plots.pair_matrix(["a", "b"], {("a", "b"): None})
     assert png.startswith(b"\x89PNG")
     assert plots.busbw_vs_size({"a": [{"bytes": 4, "busbw_gbps": 1.0}]}, "t").startswith(b"\x89PNG")
+    judged = plots.busbw_vs_size({"a": [{"bytes": 4, "busbw_gbps": 1.0}]}, "t", threshold=2.0)
+    assert judged.startswith(b"\x89PNG") and judged != plots.busbw_vs_size(
+        {"a": [{"bytes": 4, "busbw_gbps": 1.0}]}, "t"
+    )

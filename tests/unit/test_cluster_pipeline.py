@@ -1,11 +1,10 @@
-import json
 import sys
 import time
 import uuid
 
 from test_cluster_fanout import processes_with
 
-from gpuenv.cluster import runner
+from gpuenv.cluster import pipeline
 from gpuenv.cluster.inventory import Host
 from gpuenv.results import Status
 
@@ -18,7 +17,7 @@ def by(run, check, node="cluster"):
     return next(r for r in run.results if r.check == check and r.node == node)
 
 
-FAST = runner.Options(stages=("consistency", "rendezvous"), probe_deadline_s=3, port=0)
+FAST = pipeline.Options(stages=("consistency", "rendezvous"), probe_deadline_s=3, port=0)
 
 
 def opts(**kw):
@@ -27,7 +26,7 @@ def opts(**kw):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return runner.Options(**{**FAST.__dict__, "port": port, **kw})
+    return pipeline.Options(**{**FAST.__dict__, "port": port, **kw})
 
 
 def test_a_node_with_another_nccl_setting_is_named():
@@ -36,12 +35,12 @@ def test_a_node_with_another_nccl_setting_is_named():
         emulated("b", env={"NCCL_IB_DISABLE": "0"}),
         emulated("c", env={"NCCL_IB_DISABLE": "1"}),
     ]
-    run = runner.validate(hosts, opts())
+    run = pipeline.validate(hosts, opts())
     r = by(run, "consistency")
     assert r.status is Status.FAIL
     assert "env.NCCL_IB_DISABLE: 1 on a, c; 0 on b" in r.reason
     assert by(run, "rendezvous").status is Status.PASS
-    assert json.loads(json.dumps(run.to_dict()))["ok"] is False
+    assert any(r.status.failed for r in run.results)
 
 
 def test_a_stopped_node_is_named_by_the_deadline_and_the_rest_go_on(tmp_path):
@@ -51,18 +50,43 @@ def test_a_stopped_node_is_named_by_the_deadline_and_the_rest_go_on(tmp_path):
     frozen.chmod(0o755)
     hosts = [emulated("a"), emulated("b"), emulated("dead", python=str(frozen))]
     start = time.monotonic()
-    run = runner.validate(hosts, opts())
+    run = pipeline.validate(hosts, opts())
     assert time.monotonic() - start < 20
     reach = by(run, "reach", "dead")
     assert reach.status is Status.FAIL and "did not finish within 3 s" in reach.reason
     assert by(run, "consistency").status is Status.PASS
     rdzv = by(run, "rendezvous")
     assert rdzv.status is Status.PASS and "without dead" in rdzv.reason
-    assert not run.to_dict()["ok"]
+    assert any(r.status.failed for r in run.results)
     assert processes_with(marker) == []
 
 
 def test_multi_node_stages_skip_with_one_node():
-    run = runner.validate([emulated("solo")], opts(stages=("rendezvous", "torch")))
+    run = pipeline.validate([emulated("solo")], opts(stages=("rendezvous", "torch")))
     assert by(run, "rendezvous").status is Status.SKIP
     assert "need 2" in by(run, "torch").reason
+
+
+def test_a_host_that_does_not_resolve_is_named_and_the_others_go_on():
+    hosts = [
+        emulated("a"),
+        emulated("b"),
+        emulated("ghost", problem="address 'ghost.invalid' does not resolve"),
+    ]
+    run = pipeline.validate(hosts, opts())
+    reach = by(run, "reach", "ghost")
+    assert reach.status is Status.FAIL and "does not resolve" in reach.reason
+    assert by(run, "reach", "a").status is Status.PASS
+    assert by(run, "rendezvous").status is Status.PASS
+
+
+def test_stages_are_data_and_their_needs_are_said():
+    names = [s.name for s in pipeline.STAGES]
+    assert names == list(pipeline.STAGE_NAMES)
+    assert all(need in names for s in pipeline.STAGES for need in s.needs)
+    run = pipeline.validate(
+        [emulated("a", env={"NCCL_SOCKET_IFNAME": "nosuch0"}), emulated("b")],
+        opts(stages=("rendezvous", "mpi")),
+    )
+    assert by(run, "rendezvous").status is Status.FAIL
+    assert by(run, "mpi").reason == "the rendezvous stage did not pass"

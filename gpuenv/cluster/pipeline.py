@@ -1,0 +1,543 @@
+"""Cluster validation as a pipeline of stages, from an inventory to one ClusterReport.
+
+The stages are data (``STAGES``: name, what they need, the function): ``validate`` runs each
+one whose needs are met and records why the others did not run. In order:
+
+1. probe: every node answers with its facts (a node that does not resolve or answer is a failed
+   ``reach`` by name, and the others go on without it).
+2. check: ``gpuenv check --json -`` on every node at once; each node's run report is merged,
+   its verdict included.
+3. consistency: all nodes must agree on driver, CUDA, NCCL, Open MPI, Python stack, GPUs, NCCL env.
+4. rendezvous: the master port is reachable from every node; socket interfaces exist.
+5. torch: ``torchrun`` across all nodes (c10d): all-reduce values (``allreduce``), bandwidth
+   against a floor (``busbw``) and the transport NCCL used, and DDP (``ddp``).
+6. mpi: ``mpirun`` of plain ``python3`` from the first node over the SSH mesh.
+7. pairs: the node-pair bandwidth matrix (small clusters) and, when the all-node run failed or
+   was slow, bad-node isolation by parallel rounds of pairs.
+
+Every command on a node runs in a login shell as the cluster user, with plain ``python3``,
+``torchrun`` and ``mpirun`` as a user types them (gpuenv.cluster.launch).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import shlex
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuenv.checks import ddp as ddp_check
+from gpuenv.checks import nccl_log
+from gpuenv.cluster import consistency, launch, pairs, preflight
+from gpuenv.cluster.fanout import Outcome, fan_out
+from gpuenv.cluster.inventory import Host
+from gpuenv.progress import Progress, Silent
+from gpuenv.results import ClusterReport, Measurement, Result, RunReport, Status
+
+MIB = 1 << 20
+# torchrun's own rendezvous and process-group timeouts sit this far inside the launch's
+# deadline, so that its ranks report a missing peer before the controller kills them.
+LAUNCH_MARGIN_S = 5.0
+# The rendezvous preflight never needs more than this, whatever the launch deadline.
+RENDEZVOUS_CAP_S = 60.0
+# How long a node gets to answer the first probe, however long the launch deadline.
+PROBE_DEADLINE_S = 30.0
+# How many pair launches run at once in a round of the pair matrix or of isolation.
+PAIR_PARALLELISM = 32
+
+
+@dataclass
+class Options:
+    check_args: list[str] = field(default_factory=lambda: ["--profile", "quick"])
+    deadline_s: float = 300.0  # per node command (gpuenv check, each launch)
+    probe_deadline_s: float = 30.0
+    port: int = 29400
+    nproc_per_node: int | None = None  # None: GPUs per node, or 1 without GPUs
+    sizes: list[int] = field(default_factory=lambda: [MIB, 8 * MIB, 64 * MIB])
+    iters: int = 5
+    steps: int = 5
+    pair_bytes: int = 64 * MIB
+    min_busbw: float | None = None  # GB/s the all-node run must reach; None: from transport
+    pair_relative: float = 0.5
+    matrix_max_nodes: int = 8
+    max_loss_ratio: float = 0.9
+    stages: tuple[str, ...] = ()  # empty: every stage
+    progress: Progress = field(default_factory=Silent)
+
+
+@dataclass
+class State:
+    """What the stages share: the nodes still in the run, their facts, the report being built."""
+
+    hosts: list[Host]
+    opts: Options
+    report: ClusterReport
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    alive: list[Host] = field(default_factory=list)
+    busbw_ok: bool = True  # the all-node run was correct and fast enough (else: isolation)
+
+    def add(self, result: Result) -> None:
+        self.report.results.append(result)
+
+    def fan_out(
+        self,
+        hosts: Sequence[Host],
+        command: Callable[[Host], str],
+        label: str,
+        deadline_s: float | None = None,
+        stop_others: Callable[[Host], str] | None = None,
+    ) -> dict[str, Outcome]:
+        return fan_out(
+            hosts,
+            command,
+            self.opts.deadline_s if deadline_s is None else deadline_s,
+            label=label,
+            progress=self.opts.progress,
+            stop_others=stop_others,
+        )
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[State], None]
+    multi_node: bool = False  # needs at least 2 nodes that answered
+    needs: tuple[str, ...] = ()  # cluster results that must have PASSed first
+
+
+def _skip(check: str, reason: str) -> Result:
+    return Result(check, "cluster", Status.SKIP, reason)
+
+
+# ---------------------------------------------------------------- probe, check, consistency
+
+
+def probe_stage(state: State) -> None:
+    """Facts of every node; nodes that do not answer get a FAIL naming them."""
+    opts = state.opts
+    outcomes = state.fan_out(
+        state.hosts,
+        lambda h: launch.as_user(h, shlex.join([h.python, "-m", "gpuenv.cluster.probe", "facts"])),
+        "probe",
+        deadline_s=opts.probe_deadline_s,
+    )
+    for name, out in outcomes.items():
+        try:
+            if not out.ok:
+                raise ValueError(out.why())
+            state.probes[name] = out.json()
+        except ValueError as exc:
+            state.add(Result("reach", name, Status.FAIL, f"node did not answer: {exc}",
+                             duration_s=out.duration_s))  # fmt: skip
+            continue
+        state.add(Result("reach", name, Status.PASS, f"answered in {out.duration_s:.1f} s",
+                         duration_s=out.duration_s))  # fmt: skip
+    state.alive = [h for h in state.hosts if h.name in state.probes]
+
+
+def check_stage(state: State) -> None:
+    def command(h: Host) -> str:
+        argv = [h.python, "-m", "gpuenv", "check", "--json", "-", "--node", h.name]
+        return launch.as_user(h, shlex.join([*argv, *state.opts.check_args]))
+
+    outcomes = state.fan_out(state.alive, command, "gpuenv check")
+    for name, out in outcomes.items():
+        try:
+            if out.rc not in (0, 1):
+                raise ValueError(out.why())
+            report = RunReport.from_dict(out.json())
+        except (ValueError, KeyError, TypeError) as exc:
+            state.add(Result("check", name, Status.ERROR, f"gpuenv check gave no report: {exc}",
+                             duration_s=out.duration_s))  # fmt: skip
+            continue
+        state.report.node_reports[name] = report
+        state.report.results.extend(report.results)
+
+
+def consistency_stage(state: State) -> None:
+    began_at = time.monotonic()
+    reports = state.report.node_reports
+    state.report.facts = {
+        h.name: consistency.node_facts(
+            state.probes[h.name].get("facts", {}),
+            reports[h.name].results if h.name in reports else [],
+        )
+        for h in state.alive
+    }
+    state.add(consistency.consistency_result(state.report.facts, time.monotonic() - began_at))
+
+
+def rendezvous_stage(state: State) -> None:
+    gone = [h.name for h in state.hosts if h not in state.alive]
+    deadline_s = min(RENDEZVOUS_CAP_S, state.opts.deadline_s)
+    r = preflight.rendezvous_result(
+        state.alive, state.alive[0], state.opts.port, state.probes, deadline_s
+    )
+    if gone:
+        r.reason += f" (without {', '.join(gone)}, which did not answer)"
+    state.add(r)
+
+
+# ---------------------------------------------------------------- multi-node launches
+
+
+def _nproc(host: Host, state: State) -> int:
+    if state.opts.nproc_per_node:
+        return state.opts.nproc_per_node
+    count = int(state.probes.get(host.name, {}).get("facts", {}).get("gpu.count", "0") or 0)
+    return max(1, count)
+
+
+def _link_gbps(state: State, transports: nccl_log.Transports) -> float | None:
+    """The slowest node's link for the transport NCCL used: IB rate or NIC speed (GB/s)."""
+    key = "ib.rate_gbps" if nccl_log.NET_IB in transports.families else "net.speed_gbps"
+    speeds = []
+    for h in state.alive:
+        value = state.probes.get(h.name, {}).get("links", {}).get(key)
+        if value is None:
+            return None
+        speeds.append(float(value))
+    return min(speeds) if speeds else None
+
+
+def _active_ib(state: State) -> dict[str, list[str]]:
+    return {
+        h.name: list(state.probes.get(h.name, {}).get("links", {}).get("ib.active_ports", []))
+        for h in state.alive
+    }
+
+
+def torch_stage(state: State) -> None:
+    """torchrun across all nodes: values (allreduce), bandwidth (busbw), DDP (ddp)."""
+    opts, hosts = state.opts, state.alive
+    master = hosts[0]
+    nprocs = {h.name: _nproc(h, state) for h in hosts}
+    began_at = time.monotonic()
+    rid = launch.run_id("all")
+    inner_s = opts.deadline_s - LAUNCH_MARGIN_S
+    outcomes = state.fan_out(
+        hosts,
+        lambda h: launch.torchrun(h, master, len(hosts), opts.port, rid, nprocs[h.name],
+                                  opts.sizes, opts.iters, opts.steps, inner_s),
+        "torchrun all nodes",
+        stop_others=lambda _h: launch.stop(rid),
+    )  # fmt: skip
+    duration_s = time.monotonic() - began_at
+    bad: dict[str, str] = {}
+    ddp_bad: dict[str, str] = {}
+    backend = "?"
+    transports = nccl_log.Transports()
+    first: dict[str, Any] = {}
+    for name, out in outcomes.items():
+        got = [p for p in launch.payloads(out) if p.get("kind") == "torch"]
+        if not out.ok or not got:
+            bad[name] = out.why() if not out.ok else "no result from its ranks"
+            continue
+        p = got[0]
+        first = first or p
+        backend = p.get("backend", backend)
+        state.report.sweeps[name] = p.get("sweep", [])
+        if not all(s.get("correct") for s in p.get("sweep", [])):
+            bad[name] = "all-reduce gave wrong values"
+        _add_transport(transports, p.get("transport") or {})
+        found = ddp_check.problems(p.get("ddp", {}), opts.max_loss_ratio)
+        if found:
+            ddp_bad[name] = "; ".join(found)
+    world = sum(nprocs.values())
+    ranks = Measurement("ranks", world, "", 2.0, "min")
+    details: dict[str, Any] = {"backend": backend, "sizes": opts.sizes, "per_node_failure": bad}
+    if bad:
+        why = "; ".join(f"{n}: {w}" for n, w in bad.items())
+        state.add(Result("allreduce", "cluster", Status.FAIL,
+                         f"torchrun across nodes failed: {why}", [ranks], duration_s=duration_s,
+                         details=details))  # fmt: skip
+        for check in ("busbw", "ddp"):
+            state.add(Result(check, "cluster", Status.FAIL,
+                             "not run to the end: torchrun across nodes failed"))  # fmt: skip
+        state.busbw_ok = False
+        return
+    state.add(Result("allreduce", "cluster", Status.PASS,
+                     f"{world} ranks on {len(hosts)} nodes ({backend}): values verified at"
+                     f" {len(opts.sizes)} sizes", [ranks], duration_s=duration_s,
+                     details=details))  # fmt: skip
+    state.add(_busbw_result(state, backend, transports))
+    step_s = first.get("ddp", {}).get("step_time_s") or 0.0
+    state.add(Result(
+        "ddp", "cluster", Status.FAIL if ddp_bad else Status.PASS,
+        "; ".join(f"{n}: {w}" for n, w in ddp_bad.items())
+        or f"{world} ranks: parameters identical, loss fell to <= {opts.max_loss_ratio} x",
+        [Measurement("step_time", round(step_s, 4), "s"), ranks],
+        duration_s=duration_s, details={"backend": backend},
+    ))  # fmt: skip
+
+
+def _add_transport(into: nccl_log.Transports, t: Mapping[str, Any]) -> None:
+    into.version = into.version or t.get("nccl_version")
+    for fam, n in dict(t.get("families", {})).items():
+        into.families[fam] = into.families.get(fam, 0) + int(n)
+    into.gdrdma = into.gdrdma or bool(t.get("gdrdma"))
+    into.samples += [e for e in t.get("evidence", []) if e not in into.samples]
+
+
+def _busbw_result(state: State, backend: str, transports: nccl_log.Transports) -> Result:
+    """The all-node bandwidth against a floor: --min-busbw, else derived from the transport NCCL
+    used and the nodes' links. No floor: SKIP naming what is missing, never a PASS."""
+    opts = state.opts
+    largest = [s[-1]["busbw_gbps"] for s in state.report.sweeps.values() if s]
+    busbw = min(largest) if largest else 0.0
+    details: dict[str, Any] = {"transport": transports.to_dict(), "backend": backend}
+    problems = (
+        nccl_log.inter_node_problems(transports, _active_ib(state)) if backend == "nccl" else []
+    )
+    link = _link_gbps(state, transports) if backend == "nccl" else None
+    floor = opts.min_busbw
+    source = "--min-busbw"
+    if floor is None and backend == "nccl":
+        floor = nccl_log.floor_gbps(transports, link)
+        source = f"{transports.summary()} on {link} GB/s links" if floor else ""
+    details.update(floor_gbps=floor, floor_from=source, link_gbps=link)
+    state.report.thresholds["busbw_floor_gbps"] = floor
+    size = opts.sizes[-1] / MIB
+    m = Measurement("busbw", round(busbw, 3), "GB/s", floor, "min" if floor is not None else None)
+    if floor is not None and busbw < floor:
+        problems.append(f"busbw {busbw:.2f} GB/s at {size:g} MiB < {floor:.2f} GB/s ({source})")
+    if problems:
+        state.busbw_ok = False
+        return Result("busbw", "cluster", Status.FAIL, "; ".join(problems), [m], details=details)
+    if floor is None:
+        missing = (
+            f"{backend} has no NCCL transport to derive a floor from"
+            if backend != "nccl"
+            else "the nodes' link speeds are unknown (no /sys/class/net or infiniband rate)"
+        )
+        return Result("busbw", "cluster", Status.SKIP,
+                      f"busbw {busbw:.2f} GB/s at {size:g} MiB NOT JUDGED: {missing};"
+                      " give --min-busbw", [m], details=details)  # fmt: skip
+    return Result("busbw", "cluster", Status.PASS,
+                  f"busbw {busbw:.2f} GB/s at {size:g} MiB >= {floor:.2f} GB/s ({source})",
+                  [m], details=details)  # fmt: skip
+
+
+def mpi_stage(state: State) -> None:
+    hosts, opts = state.alive, state.opts
+    master = hosts[0]
+    cmd = launch.mpirun(master, hosts, 8 * MIB, opts.iters)
+    out = state.fan_out([master], lambda _h: cmd, "mpirun")[master.name]
+    got = [p for p in launch.payloads(out) if p.get("kind") == "mpi"]
+    if not out.ok or not got:
+        why = out.why() if not out.ok else "no result from rank 0"
+        state.add(Result("mpi", "cluster", Status.FAIL, f"mpirun from {master.name}: {why}",
+                         duration_s=out.duration_s, details={"command": cmd}))  # fmt: skip
+        return
+    p = got[0]
+    spread = len(set(p.get("rank_hosts", [])))
+    want = 1 if master.local else len(hosts)
+    ok = bool(p.get("correct")) and spread >= want and p.get("world_size") == len(hosts)
+    ok = ok and len(hosts) >= 2
+    reason = (
+        f"{p.get('world_size')} ranks on {spread} host(s), all-reduce "
+        f"{'correct' if p.get('correct') else 'WRONG'}, {p.get('busbw_gbps', 0):.2f} GB/s"
+        f" (plain python3 from {p.get('python', '?')})"
+    )
+    if spread < want:
+        reason += f"; expected ranks on {want} hosts"
+    state.add(Result(
+        "mpi", "cluster", Status.PASS if ok else Status.FAIL, reason,
+        [Measurement("ranks", int(p.get("world_size", 0)), "", 2.0, "min"),
+         Measurement("busbw", round(float(p.get("busbw_gbps", 0.0)), 3), "GB/s")],
+        versions={"mpi": str(p.get("mpi", ""))}, duration_s=out.duration_s,
+        details={"rank_hosts": p.get("rank_hosts", []), "command": cmd},
+    ))  # fmt: skip
+
+
+def pair_tester(
+    state: State, label: str, known: dict[pairs.Pair, float | None] | None = None
+) -> Callable[[Sequence[pairs.Pair]], dict[pairs.Pair, float | None]]:
+    """Runs a round of disjoint pairs at once, each pair its own 2-node torchrun launch.
+
+    Pairs already measured (``known``, e.g. the matrix) are answered without a new launch.
+    """
+    opts = state.opts
+    by_name = {h.name: h for h in state.alive}
+    counter = [0]
+    cache = known if known is not None else {}
+    inner_s = opts.deadline_s - LAUNCH_MARGIN_S
+
+    def one_pair(a: str, b: str, port: int) -> float | None:
+        rid = launch.run_id(f"{label}{counter[0]}-{port}")
+        master = by_name[a]
+        outcomes = fan_out(
+            [by_name[a], by_name[b]],
+            lambda h: launch.torchrun(h, master, 2, port, rid, 1, [opts.pair_bytes],
+                                      opts.iters, 1, inner_s),
+            opts.deadline_s,
+            stop_others=lambda _h: launch.stop(rid),
+        )  # fmt: skip
+        values = []
+        for n in (a, b):
+            got = [p for p in launch.payloads(outcomes[n]) if p.get("kind") == "torch"]
+            if outcomes[n].ok and got and all(s.get("correct") for s in got[0]["sweep"]):
+                values.append(got[0]["sweep"][-1]["busbw_gbps"])
+        return min(values) if len(values) == 2 else None
+
+    def test_round(round_pairs: Sequence[pairs.Pair]) -> dict[pairs.Pair, float | None]:
+        counter[0] += 1
+        measured: dict[pairs.Pair, float | None] = {}
+        todo = []
+        for a, b in round_pairs:
+            hit = next((cache[k] for k in ((a, b), (b, a)) if k in cache), False)
+            if hit is False:
+                todo.append((a, b))
+            else:
+                measured[(a, b)] = hit
+        key = f"{label} round {counter[0]}"
+        opts.progress.begin(key, f"{key}: {len(todo)} pairs")
+        with cf.ThreadPoolExecutor(max_workers=max(1, min(PAIR_PARALLELISM, len(todo)))) as pool:
+            futures = {
+                pool.submit(one_pair, a, b, opts.port + 1 + i): (a, b)
+                for i, (a, b) in enumerate(todo)
+            }
+            for fut in cf.as_completed(futures):
+                pair = futures[fut]
+                measured[pair] = fut.result()
+                cache[pair] = measured[pair]
+                opts.progress.update(key, f"{pair[0]}-{pair[1]}")
+        opts.progress.end(key, f"{len(todo)} pairs")
+        return measured
+
+    return test_round
+
+
+def pairs_stage(state: State) -> None:
+    if len(state.alive) <= state.opts.matrix_max_nodes:
+        matrix_stage(state)
+    if not state.busbw_ok:
+        isolation_stage(state)
+
+
+def matrix_stage(state: State) -> None:
+    opts = state.opts
+    names = [h.name for h in state.alive]
+    tester = pair_tester(state, "matrix")
+    began_at = time.monotonic()
+    matrix = state.report.matrix
+    for round_pairs in pairs.all_pairs_rounds(names):
+        matrix.update(tester(round_pairs))
+    failed = [f"{a}-{b}" for (a, b), v in matrix.items() if v is None]
+    values = [v for v in matrix.values() if v is not None]
+    med = statistics.median(values) if values else 0.0
+    floor = state.report.thresholds.get("busbw_floor_gbps") or opts.min_busbw
+    relative = opts.pair_relative * med
+    state.report.thresholds.update(pair_median_gbps=med, pair_relative_gbps=relative,
+                                   pair_floor_gbps=floor)  # fmt: skip
+    slow = [f"{a}-{b} ({v:.2f} GB/s)" for (a, b), v in matrix.items()
+            if v is not None and v < relative]  # fmt: skip
+    below = [f"{a}-{b} ({v:.2f} GB/s)" for (a, b), v in matrix.items()
+             if v is not None and floor is not None and v < floor]  # fmt: skip
+    problems = [
+        *([f"pairs failed: {', '.join(failed)}"] if failed else []),
+        *([f"pairs below {opts.pair_relative:g} x median {med:.2f} GB/s: {', '.join(slow)}"]
+          if slow else []),
+        *([f"pairs below the floor {floor:.2f} GB/s: {', '.join(below)}"] if below else []),
+    ]  # fmt: skip
+    ms = [Measurement("pairs", len(matrix)),
+          Measurement("median_busbw", round(med, 3), "GB/s", floor,
+                      "min" if floor is not None else None)]  # fmt: skip
+    duration_s = time.monotonic() - began_at
+    if problems:
+        state.add(Result("pair-matrix", "cluster", Status.FAIL, "; ".join(problems), ms,
+                         duration_s=duration_s))  # fmt: skip
+        return
+    text = f"{len(matrix)} pairs, median {med:.2f} GB/s at {opts.pair_bytes / MIB:g} MiB"
+    if floor is None:
+        state.add(Result("pair-matrix", "cluster", Status.SKIP,
+                         f"{text}; every pair >= {opts.pair_relative:g} x median, but NOT JUDGED"
+                         " against an absolute floor (none derived; give --min-busbw)", ms,
+                         duration_s=duration_s))  # fmt: skip
+        return
+    state.add(Result("pair-matrix", "cluster", Status.PASS,
+                     f"{text}; every pair >= {floor:.2f} GB/s and >= {opts.pair_relative:g} x"
+                     " median", ms, duration_s=duration_s))  # fmt: skip
+
+
+def isolation_stage(state: State) -> None:
+    opts = state.opts
+    began_at = time.monotonic()
+    tester = pair_tester(state, "isolate", known=dict(state.report.matrix))
+    iso = pairs.isolate(
+        [h.name for h in state.alive], tester, opts.min_busbw, relative=opts.pair_relative
+    )
+    state.report.isolation = {
+        "bad_nodes": iso.bad_nodes,
+        "bad_links": [list(p) for p in iso.bad_links],
+        "unresolved": iso.unresolved,
+        "threshold_gbps": iso.threshold,
+        "rounds": [[{"a": a, "b": b, "busbw_gbps": v} for (a, b), v in r.items()]
+                   for r in iso.rounds],
+    }  # fmt: skip
+    parts = []
+    if iso.bad_nodes:
+        parts.append(f"bad node(s): {', '.join(iso.bad_nodes)}")
+    if iso.bad_links:
+        parts.append(f"bad link(s): {', '.join(f'{a}-{b}' for a, b in iso.bad_links)}")
+    if iso.unresolved:
+        parts.append(f"undecided: {', '.join(iso.unresolved)}")
+    state.add(Result(
+        "isolation", "cluster", Status.PASS if iso.ok else Status.FAIL,
+        "; ".join(parts) or "every pair passed: no bad node found",
+        [Measurement("rounds", len(iso.rounds)),
+         Measurement("pair_threshold", round(iso.threshold or 0.0, 3), "GB/s")],
+        duration_s=time.monotonic() - began_at,
+        details={"bad_nodes": iso.bad_nodes, "bad_links": [list(p) for p in iso.bad_links],
+                 "unresolved": iso.unresolved},
+    ))  # fmt: skip
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("check", check_stage),
+    Stage("consistency", consistency_stage),
+    Stage("rendezvous", rendezvous_stage, multi_node=True),
+    Stage("torch", torch_stage, multi_node=True, needs=("rendezvous",)),
+    Stage("mpi", mpi_stage, multi_node=True, needs=("rendezvous",)),
+    Stage("pairs", pairs_stage, multi_node=True, needs=("rendezvous",)),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+# The stage that needs a Python package on the nodes, and which (from the probe's facts).
+_PACKAGES = {"torch": "torch", "pairs": "torch", "mpi": "mpi4py"}
+
+
+def validate(hosts: Sequence[Host], opts: Options | None = None) -> ClusterReport:
+    """Run the selected stages over ``hosts``; never raises for a node's failure."""
+    opts = opts or Options()
+    began_at = time.monotonic()
+    state = State(list(hosts), opts, ClusterReport(hosts=[h.name for h in hosts]))
+    probe_stage(state)
+    for stage in STAGES:
+        if opts.stages and stage.name not in opts.stages:
+            continue
+        why = _why_not(stage, state)
+        if why:
+            state.add(_skip(stage.name, why))
+            continue
+        stage.run(state)
+    state.report.duration_s = time.monotonic() - began_at
+    return state.report
+
+
+def _why_not(stage: Stage, state: State) -> str | None:
+    """Why a stage cannot run now; None when it can."""
+    if stage.multi_node and len(state.alive) < 2:
+        return f"{len(state.alive)} node(s) answered; multi-node runs need 2"
+    for need in stage.needs:
+        got = [r for r in state.report.results if r.check == need and r.node == "cluster"]
+        if not got or got[-1].status is not Status.PASS:
+            return f"the {need} stage did not pass"
+    package = _PACKAGES.get(stage.name)
+    if package and not any(
+        f"pkg.{package}" in state.probes[h.name].get("facts", {}) for h in state.alive
+    ):
+        return f"{package} is not installed on any node (cluster venv)"
+    return None
