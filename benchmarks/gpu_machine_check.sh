@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# `gpuenv check` on the GPU machine: wall times of the quick profile (three runs, optionally
+# interleaved with an older gpuenv for comparison), the full profile, and the bad-input and
+# fault cases that need a GPU. Runs from the repository root with the machine's own python3
+# (it carries torch, CuPy, mpi4py, nvidia-ml-py, rich, PyYAML); nothing is installed.
+#
+#   bash benchmarks/gpu_machine_check.sh                 # this checkout
+#   BASELINE=DIR bash benchmarks/gpu_machine_check.sh    # also DIR/gpuenv, e.g. from
+#       mkdir -p bench-old && git archive a1fbbc4 gpuenv | tar -x -C bench-old   # (untracked: it travels)
+#
+# Writes the JSON reports and a summary to $OUT (default /tmp/gpuenv-out); the logs are packed
+# into $OUT/logs.tgz (the device tool brings back at most 8 files).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/gpuenv-out}
+mkdir -p "$OUT"
+SUMMARY=$OUT/summary.txt
+say() { printf '\n== %s\n' "$*" | tee -a "$SUMMARY"; }
+timed() {  # timed LABEL PYTHONPATH ARGS...: one run, its wall time and exit code in the summary
+  local label=$1 path=$2; shift 2
+  local t0 t1 rc
+  t0=$(date +%s%N)
+  # From inside the tree: `python3 -m` puts the working folder first on sys.path.
+  (cd "$path" && PYTHONPATH=$path python3 -m gpuenv check "$@") >"$OUT/$label.log" 2>&1
+  rc=$?
+  t1=$(date +%s%N)
+  printf '%-14s rc=%s wall=%.2fs  %s\n' "$label" "$rc" "$(( (t1 - t0) / 1000000 ))e-3" "$*" |
+    tee -a "$SUMMARY"
+  tail -3 "$OUT/$label.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+}
+
+say "machine"
+nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total,driver_version --format=csv,noheader |
+  tee -a "$SUMMARY"
+python3 -c 'import sys, torch, cupy, mpi4py; print(sys.version.split()[0], torch.__version__, cupy.__version__, mpi4py.__version__)' |
+  tee -a "$SUMMARY"
+
+say "quick profile, three runs (interleaved with BASELINE=${BASELINE:-none})"
+for i in 1 2 3; do
+  timed "quick$i" "$PWD" --profile quick --json "$OUT/quick$i.json"
+  if [ -n "${BASELINE:-}" ]; then
+    timed "baseline$i" "$BASELINE" --profile quick
+  fi
+done
+
+say "full profile"
+timed full "$PWD" --profile full --json "$OUT/full.json"
+
+say "bad input: one GPU named twice (exit 2, nothing run)"
+CUDA_VISIBLE_DEVICES=0,0 timed dupes "$PWD" --profile quick
+
+say "a frozen MPI rank with CuPy buffers (rank 1 stopped inside bcast)"
+GPUENV_FAULT=freeze:rank=1:check=mpi:stage=bcast \
+  timed frozen "$PWD" --only mpi --deadline 20 --json "$OUT/frozen.json"
+
+say "left over after the runs (must be empty)"
+pgrep -af 'gpuenv|torch.distributed.run|mpirun' | grep -v pgrep | tee -a "$SUMMARY" || true
+
+tar -C "$OUT" -czf "$OUT/logs.tgz" --remove-files $(cd "$OUT" && ls *.log)
