@@ -199,7 +199,8 @@ def rank_main(rc: RankContext) -> dict[str, Any]:
         expected = world * (world + 1) / 2
         wrong = count_not_equal(cp, recv, expected, max(sizes) // 4)
         pairs = []
-        if world >= 3 or params.get("pairs"):
+        # GPUENV_NCCL_PAIRS=1 measures the pairs on a 2-GPU node too (to exercise that code).
+        if world >= 3 or params.get("pairs") or os.environ.get("GPUENV_NCCL_PAIRS") == "1":
             pairs = _pairs(cp, nccl, comm, rank, world, params, directory, log, deadline)
     except CollectiveTimeout as exc:
         return {"timeout": str(exc), "sweep": sweep, "transport": _transport(debug_file)}
