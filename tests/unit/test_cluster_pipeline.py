@@ -90,3 +90,56 @@ def test_stages_are_data_and_their_needs_are_said():
     )
     assert by(run, "rendezvous").status is Status.FAIL
     assert by(run, "mpi").reason == "the rendezvous stage did not pass"
+
+
+FAKE_NODE = r"""#!/usr/bin/env python3
+# A node's python3 for the pipeline: its probe reports an active InfiniBand port, and its
+# torchrun reports an NCCL all-reduce whose connections went over TCP sockets.
+import json, sys
+args = sys.argv[1:]
+if args[:2] == ["-m", "gpuenv.cluster.probe"]:
+    if args[2] != "facts":
+        sys.exit(subprocess.call([REAL, *args]))
+    print(json.dumps({"hostname": "x", "interfaces": ["lo", "ib0"],
+                      "links": {"ib.active_ports": ["mlx5_0/1"], "ib.rate_gbps": 25.0,
+                                "net.speed_gbps": 12.5},
+                      "facts": {"pkg.torch": "2.13.0", "gpu.count": "8"}}))
+elif args[:2] == ["-m", "torch.distributed.run"]:
+    sweep = [{"bytes": 64 << 20, "busbw_gbps": 3.1, "correct": True}]
+    ddp = {"param_max_diff": 0.0, "loss_first": 1.0, "loss_last": 0.3, "step_time_s": 0.01}
+    line = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0"
+    transport = {"nccl_version": "2.28.9", "families": {"NET/Socket": 2}, "gdrdma": False,
+                 "evidence": [line]}
+    print("GPUENV_RESULT " + json.dumps({"kind": "torch", "backend": "nccl", "sweep": sweep,
+                                         "ddp": ddp, "transport": transport}))
+"""
+
+
+def _fake_python(tmp_path):
+    path = tmp_path / "python3"
+    path.write_text(
+        FAKE_NODE.replace(
+            "import json, sys", f"import json, subprocess, sys\nREAL = {sys.executable!r}"
+        )
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_nccl_falling_back_to_sockets_beside_active_infiniband_fails_busbw(tmp_path):
+    python = _fake_python(tmp_path)
+    hosts = [emulated("a", python=python), emulated("b", python=python)]
+    run = pipeline.validate(hosts, opts(stages=("rendezvous", "torch")))
+    assert by(run, "allreduce").status is Status.PASS
+    busbw = by(run, "busbw")
+    assert busbw.status is Status.FAIL
+    assert "fell back to TCP sockets" in busbw.reason and "a: mlx5_0/1" in busbw.reason
+    assert busbw.details["transport"]["families"] == {"NET/Socket": 4}
+
+
+def test_busbw_below_the_floor_of_its_transport_fails_and_above_passes(tmp_path):
+    python = _fake_python(tmp_path)
+    hosts = [emulated("a", python=python), emulated("b", python=python)]
+    # A floor given by the user replaces the derived one; the Socket fallback still fails.
+    run = pipeline.validate(hosts, opts(stages=("rendezvous", "torch"), min_busbw=10.0))
+    assert "busbw 3.10 GB/s at 64 MiB < 10.00 GB/s (--min-busbw)" in by(run, "busbw").reason
