@@ -53,6 +53,22 @@ say "a frozen MPI rank with CuPy buffers (rank 1 stopped inside bcast)"
 GPUENV_FAULT=freeze:rank=1:check=mpi:stage=bcast \
   timed frozen "$PWD" --only mpi --deadline 20 --json "$OUT/frozen.json"
 
+say "NCCL's own log read back, one GPU (no peer: the version, no connection lines)"
+python3 - <<'PY' 2>&1 | tail -3 | tee -a "$SUMMARY"
+import json, tempfile, time
+from gpuenv.checks import nccl
+from gpuenv.checks.ranklog import RankContext, RankLog
+d = tempfile.mkdtemp()
+rc = RankContext("nccl", 0, 1, {"sizes_mib": [64], "iters": 5, "warmup": 2}, RankLog(d, 0),
+                 time.monotonic() + 60)
+out = nccl.rank_main(rc)
+print(json.dumps({"transport": out["transport"], "versions": out["versions"]}))
+PY
+say "the cluster worker's torch stage on one node, one GPU (NCCL; transport from its log)"
+torchrun --standalone --nnodes 1 --nproc-per-node 1 -m gpuenv.cluster.worker torch \
+  --sizes=1048576,67108864 --iters=5 --steps=5 --timeout=60 2>&1 | grep GPUENV_RESULT |
+  cut -c1-600 | tee -a "$SUMMARY"
+
 say "left over after the runs (must be empty)"
 pgrep -af 'gpuenv|torch.distributed.run|mpirun' | grep -v pgrep | tee -a "$SUMMARY" || true
 
