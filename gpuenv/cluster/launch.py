@@ -20,7 +20,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from gpuenv.cluster.fanout import Outcome
+from gpuenv.cluster.fanout import Outcome, shell_command
 from gpuenv.cluster.inventory import Host
 from gpuenv.cluster.worker import MARK
 
@@ -64,7 +64,9 @@ def as_user(host: Host, command: str) -> str:
     the cluster user, or where the node is emulated on this machine)."""
     if host.local or not host.become_user:
         return command
-    return shlex.join(["sudo", "-n", "-u", host.become_user, "-H", "bash", "-lc", command])
+    # sudo resets the environment: the node's variables (gpuenv_cluster_env) go inside.
+    inner = f"{shell_command([], host.env)} {command}" if host.env else command
+    return shlex.join(["sudo", "-n", "-u", host.become_user, "-H", "bash", "-lc", inner])
 
 
 def mpirun(master: Host, hosts: Sequence[Host], nbytes: int, iters: int) -> str:

@@ -1,0 +1,153 @@
+"""The broken-cluster set: `gpuenv cluster` over real lab nodes made bad, each fault named.
+
+Run by molecule/cluster/verify.yml last (it leaves the nodes broken; destroy follows), or by
+hand with the same environment molecule sets:
+
+    python molecule/cluster/broken_test.py --nodes cl-node1 cl-node2 cl-node3
+
+The controller reaches the nodes over SSH as root with a key made for this run, their host keys
+read through docker (a channel the test trusts) into a known_hosts file of its own. Then:
+
+- cl-node2 loses mpi4py from the cluster venv;
+- cl-node3 shows an NVIDIA GPU on its PCI bus (a sysfs fixture read through GPUENV_ROOT) that no
+  driver answers for;
+- a fourth host, ghost, has a name that does not resolve.
+
+`gpuenv cluster --profile cpu` must end not OK (exit 1), name each fault at its node, and still
+validate the healthy node (cl-node1's own checks ran and passed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import docker
+
+VENV = "/opt/gpuenv"
+FIXTURE = "/opt/gpuenv-fixture"
+GPU_ADDRESS = "0000:17:00.0"
+DEADLINE_S = 240
+
+
+def log(msg: str) -> None:
+    print(f"broken_test: {msg}", flush=True)
+
+
+def check(cond: bool, what: str, evidence: object = "") -> None:
+    if not cond:
+        raise SystemExit(f"broken_test: FAIL: {what}\n{evidence}")
+    log(f"ok: {what}")
+
+
+def on(name: str, *cmd: str) -> str:
+    done = subprocess.run(["docker", "exec", name, *cmd], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"broken_test: docker exec {name} {cmd} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def address(client: docker.DockerClient, name: str) -> str:
+    networks = client.containers.get(name).attrs["NetworkSettings"]["Networks"]
+    return next(n["IPAddress"] for n in networks.values() if n.get("IPAddress"))
+
+
+def inventory(tmp: Path, nodes: list[str], user: str) -> Path:
+    """An SSH inventory of the nodes: root with a fresh key, host keys read through docker."""
+    client = docker.from_env()
+    key = tmp / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    public = (tmp / "id_ed25519.pub").read_text().strip()
+    known = []
+    hosts: dict[str, dict[str, object]] = {}
+    for name in nodes:
+        ip = address(client, name)
+        on(name, "sh", "-c", f"mkdir -p /root/.ssh && echo '{public}' >>/root/.ssh/authorized_keys"
+                             " && chmod 600 /root/.ssh/authorized_keys")  # fmt: skip
+        for line in on(name, "sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub").splitlines():
+            if line.strip():
+                known.append(f"{ip} {' '.join(line.split()[:2])}")
+        hosts[name] = {"ansible_host": ip, "gpuenv_cluster_address": ip}
+    (tmp / "known_hosts").write_text("\n".join(known) + "\n")
+    hosts[nodes[-1]]["gpuenv_cluster_env"] = {"GPUENV_ROOT": FIXTURE}
+    hosts["ghost"] = {"ansible_host": "ghost.invalid"}
+    inv = {
+        "all": {
+            "vars": {
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(key),
+                "ansible_ssh_common_args": f"-o UserKnownHostsFile={tmp / 'known_hosts'}",
+                "gpuenv_cluster_user": user,
+            },
+            "hosts": hosts,
+        }
+    }
+    path = tmp / "hosts.yml"
+    path.write_text(json.dumps(inv))  # JSON is YAML
+    return path
+
+
+def break_nodes(nodes: list[str]) -> None:
+    on(nodes[1], f"{VENV}/bin/python", "-m", "pip", "uninstall", "-q", "-y", "mpi4py")
+    dev = f"{FIXTURE}/sys/bus/pci/devices/{GPU_ADDRESS}"
+    on(nodes[2], "sh", "-c", f"mkdir -p {dev} && echo 0x10de >{dev}/vendor"
+                             f" && echo 0x030200 >{dev}/class")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", nargs=3, required=True, help="healthy, no-mpi4py, pci-fixture")
+    parser.add_argument("--user", default="gpuenv", help="the cluster user (ssh_mesh_user)")
+    args = parser.parse_args()
+    nodes: list[str] = args.nodes
+    with tempfile.TemporaryDirectory(prefix="gpuenv-broken-") as tmp:
+        inv = inventory(Path(tmp), nodes, args.user)
+        break_nodes(nodes)
+        log("faults: no mpi4py on %s, PCI GPU without driver on %s, ghost unresolvable" % tuple(
+            nodes[1:]))  # fmt: skip
+        began = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuenv", "cluster", "-i", str(inv), "--profile", "cpu",
+             "--json", "-", "--no-progress", "--deadline", "120", "--skip", "pairs"],
+            capture_output=True, text=True, timeout=DEADLINE_S,
+        )  # fmt: skip
+        wall = time.monotonic() - began
+    log(f"gpuenv cluster exit {done.returncode} in {wall:.1f}s")
+    print(done.stderr[-3000:], file=sys.stderr)
+    report = json.loads(done.stdout)
+    results = {(r["node"], r["check"]): r for r in report["results"]}
+    problems = report["verdict"]["problems"]
+    check(done.returncode == 1 and report["verdict"]["ok"] is False, "the verdict is red", problems)
+
+    reach = results[("ghost", "reach")]
+    check(reach["status"] == "FAIL" and "does not resolve" in reach["reason"],
+          "ghost: FAIL reach, its name does not resolve", reach)  # fmt: skip
+
+    system = results[(nodes[2], "system")]
+    check(system["status"] == "FAIL" and GPU_ADDRESS in system["reason"],
+          f"{nodes[2]}: FAIL system naming the GPU the driver does not see", system)  # fmt: skip
+
+    mpi2 = results[(nodes[1], "mpi")]
+    check(mpi2["status"] == "SKIP" and "mpi4py not installed" in mpi2["reason"],
+          f"{nodes[1]}: its mpi check cannot run (mpi4py)", mpi2)  # fmt: skip
+    check(any(p.startswith(f"{nodes[1]}: required check mpi did not run") for p in problems),
+          f"{nodes[1]}: the verdict names the required check that did not run", problems)  # fmt: skip
+    consistency = results[("cluster", "consistency")]
+    check(consistency["status"] == "FAIL" and "pkg.mpi4py" in consistency["reason"]
+          and nodes[1] in consistency["reason"],
+          f"consistency names pkg.mpi4py missing on {nodes[1]}", consistency)  # fmt: skip
+
+    healthy = results[(nodes[0], "mpi")]
+    check(results[(nodes[0], "reach")]["status"] == "PASS" and healthy["status"] == "PASS",
+          f"{nodes[0]} (healthy) was still validated: its mpi check passed", healthy)  # fmt: skip
+    check(wall < DEADLINE_S, f"the whole run took {wall:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
