@@ -186,10 +186,14 @@ def _refuse_secrets(name: str, value: Any) -> None:
 
 def node_variables(variables: Mapping[str, Any], sources: src.Sources) -> dict[str, Any]:
     """The node's group_vars: the sources mapped onto the roles, then the group's own values
-    (a role variable the group sets itself wins over the preset), minus controller settings."""
-    out: dict[str, Any] = src.role_vars(sources)
+    (a role variable the group sets itself wins over the preset, unless it is empty: "" means
+    "the default" in the roles), minus controller settings."""
+    mapped: dict[str, Any] = src.role_vars(sources)
+    out = dict(mapped)
     for name, value in variables.items():
         if name.startswith("ansible_") or name in _DROPPED:
+            continue
+        if name in mapped and value in (None, "", []):
             continue
         if _SECRET_NAME_RE.search(name) and value not in (None, "", [], {}):
             raise BadInput(

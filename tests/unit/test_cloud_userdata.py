@@ -194,3 +194,14 @@ def test_proxy_with_a_password_is_refused(tmp_path):
     inv = _write_inventory(tmp_path, "        gpuenv_https_proxy: http://me:pw@proxy.example:3128")
     with pytest.raises(BadInput, match="gpuenv_https_proxy carries a password"):
         userdata.render(_request(inv))
+
+
+def test_an_explicit_role_variable_beats_the_preset_but_an_empty_one_does_not(tmp_path):
+    inv = _write_inventory(
+        tmp_path,
+        '        nvidia_driver_repo_url: "http://repo.site.example/cuda"\n'
+        '        gpu_env_pip_index_url: ""',
+    )
+    node_vars = userdata.render(_request(inv)).node_vars
+    assert node_vars["nvidia_driver_repo_url"] == "http://repo.site.example/cuda"
+    assert node_vars["gpu_env_pip_index_url"] == "https://mirrors.aliyun.com/pypi/simple/"

@@ -162,7 +162,7 @@ do_venv() {
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   # setuptools: the gpu_env role builds the gpuenv wheel with this interpreter (no isolation).
   "$venv/bin/python" -m pip install --quiet "$requirement" "setuptools>=68" wheel
-  "$venv/bin/ansible-playbook" --version | head -n 1
+  "$venv/bin/ansible-playbook" --version
 }
 
 do_fetch() {
