@@ -49,9 +49,11 @@ ssh_deletekeys: false
 apt:
   preserve_sources_list: true
 """
+# Each stage whatever the one before returned, as systemd starts them at boot (a module that
+# fails, e.g. locale on a minbase image, makes its stage exit non-zero).
 CLOUD_INIT_STAGES = (
-    "cloud-init init --local && cloud-init init && cloud-init modules --mode=config"
-    " && cloud-init modules --mode=final"
+    "cloud-init init --local; cloud-init init; cloud-init modules --mode=config;"
+    " cloud-init modules --mode=final"
 )
 
 
