@@ -205,3 +205,23 @@ def test_an_explicit_role_variable_beats_the_preset_but_an_empty_one_does_not(tm
     node_vars = userdata.render(_request(inv)).node_vars
     assert node_vars["nvidia_driver_repo_url"] == "http://repo.site.example/cuda"
     assert node_vars["gpu_env_pip_index_url"] == "https://mirrors.aliyun.com/pypi/simple/"
+
+
+def test_checkout_defaults_are_the_origin_url_and_head(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "one"], check=True)
+    url = "https://git.example.org/gpuenv.git"
+    subprocess.run([*git, "remote", "add", "origin", url], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert userdata.checkout_defaults(repo) == (url, head.strip())
+    assert userdata.checkout_defaults(tmp_path / "not-a-repo") == (None, None)
+
+
+def test_cli_without_source_outside_a_checkout_asks_for_it(tmp_path, monkeypatch, capsys):
+    inv = _write_inventory(tmp_path)
+    monkeypatch.setattr(userdata, "checkout_defaults", lambda root: (None, None))
+    assert main(["cloud-init", "-i", str(inv), "--group", "cloud_nodes", "--ref", "v1"]) == 2
+    assert "--source is required" in capsys.readouterr().err
