@@ -49,7 +49,7 @@ class Host:
     problem: str | None = None
 
 
-def _ansible_inventory(inventory: str, limit: str | None) -> dict[str, Any]:
+def _ansible_inventory(inventory: str, limit: str | None, export: bool = False) -> dict[str, Any]:
     exe = shutil.which("ansible-inventory")
     if exe is None:
         raise EnvironmentProblem(
@@ -59,6 +59,8 @@ def _ansible_inventory(inventory: str, limit: str | None) -> dict[str, Any]:
     argv = [exe, "-i", inventory, "--list"]
     if limit:
         argv += ["--limit", limit]
+    if export:
+        argv.append("--export")  # each group's own variables, not merged into its hosts'
     env = {
         **os.environ,
         # A source that does not parse must be an error, not an empty inventory.
@@ -251,6 +253,14 @@ def load(inventory: str, limit: str | None = None) -> list[Host]:
         raise BadInput(f"inventory {inventory} has no hosts (groups: {', '.join(groups)})")
     # Relative key and known_hosts paths mean what they mean to ansible: relative to the cwd.
     return [_host(n, hostvars.get(n, {}), Path.cwd()) for n in names]
+
+
+def export(inventory: str) -> tuple[dict[str, Any], list[str]]:
+    """``ansible-inventory --list --export`` (each group with its own ``vars``), and the groups."""
+    if not Path(inventory).exists():
+        raise BadInput(f"inventory {inventory} does not exist")
+    data = _ansible_inventory(inventory, None, export=True)
+    return data, _groups(data)
 
 
 def require_hosts(hosts: Sequence[Host], minimum: int, what: str) -> None:

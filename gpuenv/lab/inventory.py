@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from gpuenv.errors import EnvironmentProblem
 from gpuenv.lab.recipe import ADMIN_USER
-from gpuenv.lab.settings import APT_PROXY_URL, WHEELHOUSE_URL, LabPaths
+from gpuenv.lab.settings import APT_PROXY_URL, DISTRO_PINS, PINS_DIR, WHEELHOUSE_URL, LabPaths
 
 GROUP = "gpu_nodes"
 
@@ -69,10 +70,26 @@ def render_known_hosts(inv: LabInventory) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_pins(distro: str) -> str:
+    """The distro's pins file (inventory/pins/) with a header saying where it came from."""
+    source = PINS_DIR / DISTRO_PINS[distro]
+    if not source.is_file():
+        raise EnvironmentProblem(
+            f"{source} is missing: the lab runs from a gpuenv checkout (with inventory/pins/)"
+        )
+    body = source.read_text().removeprefix("---\n")
+    return (
+        f"# Written by `gpuenv lab up` from inventory/pins/{source.name} (the {distro} lab's GPU"
+        " stack); `-e` on the command line still overrides it.\n---\n" + body
+    )
+
+
 def write(inv: LabInventory, paths: LabPaths) -> None:
     paths.inventory_dir.mkdir(parents=True, exist_ok=True)
     paths.known_hosts.write_text(render_known_hosts(inv))
     paths.hosts_file.write_text(render_hosts(inv, paths))
+    paths.pins_file.parent.mkdir(parents=True, exist_ok=True)
+    paths.pins_file.write_text(render_pins(inv.distro))
 
 
 def load(paths: LabPaths) -> LabInventory | None:
@@ -101,10 +118,11 @@ def load(paths: LabPaths) -> LabInventory | None:
 
 
 def remove(paths: LabPaths) -> None:
-    for path in (paths.hosts_file, paths.known_hosts, paths.host_key_record):
+    for path in (paths.hosts_file, paths.known_hosts, paths.host_key_record, paths.pins_file):
         path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        paths.inventory_dir.rmdir()
+    for folder in (paths.pins_file.parent, paths.pins_file.parent.parent, paths.inventory_dir):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def clear_facts(paths: LabPaths, node_names: list[str]) -> None:

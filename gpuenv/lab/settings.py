@@ -10,6 +10,10 @@ from pathlib import Path
 from gpuenv.errors import BadInput
 
 DISTROS = ("trixie", "bookworm")
+# The GPU stack each lab distro converges with: the project's pins file, copied into the lab's
+# group_vars: a plain `ansible-playbook site.yml -i inventory/lab/hosts.yml` passes preflight.
+PINS_DIR = Path(__file__).resolve().parents[2] / "inventory" / "pins"
+DISTRO_PINS = {"trixie": "debian-13.yml", "bookworm": "debian-12.yml"}
 DEFAULT_DISTRO = "trixie"
 # The cache container runs on this distro's base whatever the nodes run.
 CACHE_DISTRO = "trixie"
@@ -87,6 +91,11 @@ class LabPaths:
     @property
     def hosts_file(self) -> Path:
         return self.inventory_dir / "hosts.yml"
+
+    @property
+    def pins_file(self) -> Path:
+        """The lab distro's pins, as group_vars every lab node reads."""
+        return self.inventory_dir / "group_vars" / "all" / "pins.yml"
 
     @property
     def known_hosts(self) -> Path:

@@ -2,7 +2,7 @@ import stat
 
 import yaml
 
-from gpuenv.lab import inventory, keys
+from gpuenv.lab import inventory, keys, settings
 from gpuenv.lab.inventory import LabInventory, NodeEntry
 from gpuenv.lab.settings import LabPaths
 
@@ -89,3 +89,18 @@ def test_down_forgets_the_recorded_host_keys_but_keeps_the_cluster_key(tmp_path)
     inventory.remove(paths)
     assert not record.exists()
     assert cluster_key.exists()
+
+
+def test_lab_inventory_carries_its_distros_pins(tmp_path):
+    for distro, pins in (("bookworm", "debian-12.yml"), ("trixie", "debian-13.yml")):
+        paths = LabPaths(tmp_path / distro, "gpuenv")
+        inv = _inv()
+        inv.distro = distro
+        inventory.write(inv, paths)
+        # Where ansible-playbook -i inventory/lab/hosts.yml reads group variables from.
+        written = paths.inventory_dir / "group_vars" / "all" / "pins.yml"
+        source = yaml.safe_load((settings.PINS_DIR / pins).read_text())
+        assert yaml.safe_load(written.read_text()) == source
+        assert f"from inventory/pins/{pins}" in written.read_text()
+        inventory.remove(paths)
+        assert not paths.inventory_dir.exists()

@@ -1,0 +1,79 @@
+"""``gpuenv cloud-init``: user data with which a new instance provisions itself (docs/cloud.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuenv.errors import BadInput
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "cloud-init",
+        help="render cloud-init user data: a new instance runs site.yml on itself",
+        description="Render #cloud-config user data for a new instance of an inventory group: "
+        "at first boot it installs Ansible from the configured index, fetches this project at a "
+        "pinned ref, runs the playbook on itself with the group's variables, runs `gpuenv check` "
+        "and writes /var/lib/gpuenv/ready.json. Exit 2 on bad input (nothing written).",
+    )
+    p.add_argument("-i", "--inventory", required=True, help="Ansible inventory (file or folder)")
+    p.add_argument("--group", required=True, help="inventory group the new instance belongs to")
+    p.add_argument(
+        "--source",
+        metavar="URL",
+        help="git URL (https://, git://) or tarball URL ({ref} is replaced by the ref) of this "
+        "project; default: this checkout's origin remote",
+    )
+    p.add_argument(
+        "--ref",
+        help="branch, tag or commit to fetch; default: this checkout's HEAD commit",
+    )
+    p.add_argument(
+        "--playbook",
+        default="site.yml",
+        help="playbook in the fetched project, relative to its root (default: %(default)s)",
+    )
+    p.add_argument(
+        "-o", "--output", default="-", metavar="FILE", help="where to write it ('-': stdout)"
+    )
+    p.set_defaults(func=handler)
+
+
+def handler(args: argparse.Namespace) -> int:
+    from gpuenv.cloud import userdata
+
+    root = Path(__file__).resolve().parents[2]
+    origin, head = (
+        userdata.checkout_defaults(root) if not (args.source and args.ref) else (None, None)
+    )
+    source = args.source or origin
+    ref = args.ref or head
+    if not source:
+        raise BadInput(f"--source is required: {root} is not a git checkout with an origin remote")
+    if not ref:
+        raise BadInput(f"--ref is required: {root} is not a git checkout")
+    rendered = userdata.render(
+        userdata.Request(
+            inventory=args.inventory,
+            group=args.group,
+            source=source,
+            ref=ref,
+            playbook=args.playbook,
+        )
+    )
+    if args.output == "-":
+        sys.stdout.write(rendered.text)
+    else:
+        Path(args.output).write_text(rendered.text)
+    for note in rendered.notes:
+        print(f"gpuenv cloud-init: note: {note}", file=sys.stderr)
+    print(
+        f"gpuenv cloud-init: group {args.group}, {source} at {ref}, sources preset "
+        f"{rendered.sources.preset}; {len(rendered.text.encode())} bytes"
+        + ("" if args.output == "-" else f" written to {args.output}"),
+        file=sys.stderr,
+    )
+    return 0

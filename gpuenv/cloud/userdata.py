@@ -1,0 +1,319 @@
+"""cloud-init user data that makes a new instance provision and validate itself (pull mode).
+
+``render`` reads the group's variables from the inventory (``ansible-inventory --export``: a
+group's own variables and its parents', so a group with no hosts yet works), resolves the
+download sources, and renders ``templates/user-data.yaml.j2``: the group's variables as the
+node's ``group_vars``, a pip.conf, the settings file and ``templates/bootstrap.sh``, which
+cloud-init's runcmd starts. Everything in user data can be read back from the instance's
+metadata service, so nothing secret goes in: connection settings (``ansible_*``) are dropped,
+and private key material, vault-encrypted values and variables named like secrets are refused.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import jinja2
+import yaml
+
+from gpuenv.cloud import sources as src
+from gpuenv.cluster import inventory
+from gpuenv.errors import BadInput
+
+# What the node installs to run Ansible: the version constraints.txt pins, and for Python 3.10
+# (Ubuntu 22.04) the last ansible whose core runs there (ansible-core 2.17).
+ANSIBLE_REQUIREMENT = "ansible==12.3.0"
+ANSIBLE_PY310_REQUIREMENT = "ansible==10.7.0"
+DEFAULT_PLAYBOOK = "site.yml"
+# The pull run is one node alone: the mesh needs the controller (it holds the cluster key), and
+# the cluster validation needs every node.
+SKIP_TAGS = ("ssh", "validate")
+DEFAULT_NODE_VENV = "/opt/gpuenv"  # roles/gpu_env's gpu_env_venv
+# AWS EC2 refuses user data over 16 KiB (before base64); Aliyun ECS allows 32 KiB.
+USER_DATA_LIMIT = 16384
+
+_GROUP_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_REF_RE = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._/+-]*$")
+_PRIVATE_KEY_RE = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User-Key-File-")
+_SECRET_NAME_RE = re.compile(r"password|passwd|passphrase|secret|token", re.IGNORECASE)
+_CERT_RE = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
+# Controller-side settings that mean nothing on the node (paths on the controller).
+_DROPPED = ("ssh_mesh_private_key_file", "ssh_mesh_key_dir", "gpuenv_ca_bundle")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What ``gpuenv cloud-init`` was asked for."""
+
+    inventory: str
+    group: str
+    source: str  # git URL, or tarball URL ({ref} in it is replaced by the ref)
+    ref: str
+    playbook: str = DEFAULT_PLAYBOOK
+    ansible: str = ANSIBLE_REQUIREMENT
+    ansible_py310: str = ANSIBLE_PY310_REQUIREMENT
+
+
+@dataclass(frozen=True)
+class UserData:
+    text: str
+    node_vars: dict[str, Any]  # what the node's group_vars file holds
+    sources: src.Sources
+    notes: tuple[str, ...]
+
+
+def check_ref(ref: str) -> str:
+    if not _REF_RE.match(ref):
+        raise BadInput(
+            f"--ref {ref!r} is not a branch, tag or commit name "
+            "(letters, digits and ._/+-, not starting with '-', no '..')"
+        )
+    return ref
+
+
+def check_source(url: str) -> str:
+    """A URL the instance can fetch without credentials of the controller's."""
+    if re.match(r"^[\w.-]+@[\w.-]+:", url) or url.startswith(("ssh://", "git+ssh://")):
+        raise BadInput(
+            f"--source {url!r} is an SSH URL: the instance would need a private key, and user "
+            "data must hold none; use an https:// git URL or a tarball URL"
+        )
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise BadInput(f"--source {url!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("https", "http", "git", "file") or (
+        parts.scheme != "file" and not parts.hostname
+    ):
+        raise BadInput(
+            f"--source {url!r} is not a git or tarball URL (https://, http://, git:// or file://)"
+        )
+    if parts.username or parts.password:
+        raise BadInput(
+            f"--source {url.replace(parts.password or '', '***') if parts.password else url!r} "
+            "carries credentials; user data is readable from the instance's metadata service"
+        )
+    return url
+
+
+def checkout_defaults(root: Path) -> tuple[str | None, str | None]:
+    """The origin URL and HEAD commit of the gpuenv checkout at ``root`` (None where unknown)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() or None if done.returncode == 0 else None
+
+    return git("remote", "get-url", "origin"), git("rev-parse", "HEAD")
+
+
+def _ancestors(data: Mapping[str, Any], group: str) -> list[str]:
+    """``group`` and the groups above it, parents first (Ansible applies group vars by depth)."""
+    parents: dict[str, set[str]] = {}
+    for name, node in data.items():
+        if name != "_meta" and isinstance(node, Mapping):
+            for child in node.get("children", []):
+                parents.setdefault(child, set()).add(name)
+    depth: dict[str, int] = {}
+
+    def visit(name: str, seen: frozenset[str]) -> int:
+        if name not in depth:
+            ups = parents.get(name, set()) - seen
+            depth[name] = 1 + max((visit(p, seen | {name}) for p in ups), default=-1)
+        return depth[name]
+
+    above: set[str] = set()
+    todo = [group]
+    while todo:
+        name = todo.pop()
+        if name not in above:
+            above.add(name)
+            todo += parents.get(name, set())
+    for name in above:
+        visit(name, frozenset())
+    return sorted(above, key=lambda n: (depth[n], n))
+
+
+def group_vars(data: Mapping[str, Any], groups: list[str], group: str, where: str) -> dict:
+    """The variables a new host in ``group`` gets from the inventory's groups."""
+    if not _GROUP_RE.match(group):
+        raise BadInput(f"--group {group!r} is not a valid Ansible group name")
+    if group not in groups or group == "all":
+        raise BadInput(
+            f"group {group!r} is not in inventory {where}; groups: "
+            f"{', '.join(g for g in groups if g not in ('all', 'ungrouped'))}"
+        )
+    merged: dict[str, Any] = {}
+    for name in _ancestors(data, group):
+        merged.update(data.get(name, {}).get("vars", {}) or {})
+    return merged
+
+
+def _refuse_secrets(name: str, value: Any) -> None:
+    if isinstance(value, Mapping):
+        if "__ansible_vault" in value:
+            raise BadInput(
+                f"variable {name} is vault-encrypted: user data is readable from the instance's "
+                "metadata service; keep secrets out of the group's variables"
+            )
+        for key, item in value.items():
+            _refuse_secrets(f"{name}.{key}", item)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_secrets(f"{name}[{i}]", item)
+    elif isinstance(value, str) and _PRIVATE_KEY_RE.search(value):
+        raise BadInput(
+            f"variable {name} holds private key material; user data never carries a private key "
+            "(the node joins the SSH mesh on the next site.yml run from the controller)"
+        )
+
+
+def node_variables(variables: Mapping[str, Any], sources: src.Sources) -> dict[str, Any]:
+    """The node's group_vars: the sources mapped onto the roles, then the group's own values
+    (a role variable the group sets itself wins over the preset, unless it is empty: "" means
+    "the default" in the roles), minus controller settings."""
+    mapped: dict[str, Any] = src.role_vars(sources)
+    out = dict(mapped)
+    for name, value in variables.items():
+        if name.startswith("ansible_") or name in _DROPPED:
+            continue
+        if name in mapped and value in (None, "", []):
+            continue
+        if _SECRET_NAME_RE.search(name) and value not in (None, "", [], {}):
+            raise BadInput(
+                f"variable {name} looks like a secret: user data is readable from the instance's "
+                "metadata service; pass it from the controller instead"
+            )
+        _refuse_secrets(name, value)
+        out[name] = value
+    return out
+
+
+def ca_certificates(path: str) -> list[str]:
+    """The PEM certificates of the site CA bundle (a controller path); never a private key."""
+    if not path:
+        return []
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise BadInput(f"gpuenv_ca_bundle {path} does not exist on this controller")
+    text = file.read_text(errors="replace")
+    if _PRIVATE_KEY_RE.search(text):
+        raise BadInput(f"gpuenv_ca_bundle {path} holds a private key; give CA certificates only")
+    certs = [c.strip() + "\n" for c in _CERT_RE.findall(text)]
+    if not certs:
+        raise BadInput(f"gpuenv_ca_bundle {path} holds no PEM certificate")
+    return certs
+
+
+def _env_file(req: Request, sources: src.Sources, node_venv: str) -> str:
+    official = src.preset("official").apt
+    rewrite = {f: a for f, a in sources.apt.items() if a != official[f]}
+    values = {
+        "GPUENV_GROUP": req.group,
+        "GPUENV_SOURCE": req.source,
+        "GPUENV_REF": req.ref,
+        "GPUENV_PLAYBOOK": req.playbook,
+        "GPUENV_SKIP_TAGS": ",".join(SKIP_TAGS),
+        "GPUENV_ANSIBLE": req.ansible,
+        "GPUENV_ANSIBLE_PY310": req.ansible_py310,
+        "GPUENV_NODE_VENV": node_venv,
+        "GPUENV_HTTP_PROXY": sources.http_proxy,
+        "GPUENV_HTTPS_PROXY": sources.https_proxy,
+        "GPUENV_NO_PROXY": sources.no_proxy,
+    }
+    for family in src.DISTRO_FAMILIES:
+        apt = rewrite.get(family)
+        values[f"GPUENV_APT_MIRROR_{family.upper()}"] = apt.mirror if apt else ""
+        values[f"GPUENV_APT_SECURITY_{family.upper()}"] = apt.security if apt else ""
+    lines = ["# Settings of /usr/local/sbin/gpuenv-bootstrap (gpuenv cloud-init)."]
+    lines += [f"{k}={shlex.quote(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _pip_conf(sources: src.Sources) -> str:
+    lines = ["[global]", f"index-url = {sources.pip_index_url}"]
+    if sources.pip_extra_index_urls:
+        lines.append(f"extra-index-url = {' '.join(sources.pip_extra_index_urls)}")
+    proxy = sources.https_proxy or sources.http_proxy
+    if proxy:
+        lines.append(f"proxy = {proxy}")
+    lines.append(f"cert = {src.SYSTEM_CA_BUNDLE}")
+    return "\n".join(lines) + "\n"
+
+
+def _check_apt_urls(sources: src.Sources) -> None:
+    # The bootstrap edits the apt sources with sed: a mirror URL is an archive root, nothing more.
+    for family, apt in sources.apt.items():
+        for url in (apt.mirror, apt.security):
+            if re.search(r"[\s#&?\\]", url):
+                raise BadInput(f"apt mirror {url!r} ({family}) must be a plain archive URL")
+
+
+def render(req: Request) -> UserData:
+    """The user data for a new instance of ``req.group``; BadInput before anything is written."""
+    check_source(req.source)
+    check_ref(req.ref)
+    data, groups = inventory.export(req.inventory)
+    variables = group_vars(data, groups, req.group, req.inventory)
+    sources = src.resolve(variables)
+    _check_apt_urls(sources)
+    proxies = {"gpuenv_http_proxy": sources.http_proxy, "gpuenv_https_proxy": sources.https_proxy}
+    for name, url in proxies.items():
+        if url and urlsplit(url).password:
+            raise BadInput(
+                f"{name} carries a password: user data is readable from the instance's metadata "
+                "service; use a proxy that admits the instances by address"
+            )
+    certs = ca_certificates(sources.ca_bundle)
+    node_vars = node_variables(variables, sources)
+    node_venv = str(variables.get("gpu_env_venv") or DEFAULT_NODE_VENV)
+    script = resources.files("gpuenv.cloud").joinpath("templates/bootstrap.sh").read_text()
+    env = jinja2.Environment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # YAML, not HTML: values are quoted by yaml.safe_dump and shlex
+    )
+    template = env.from_string(
+        resources.files("gpuenv.cloud").joinpath("templates/user-data.yaml.j2").read_text()
+    )
+    header = f"# The variables of inventory group {req.group}, as `gpuenv cloud-init` read them.\n"
+    text = template.render(
+        group=req.group,
+        source=req.source,
+        ref=req.ref,
+        playbook=req.playbook,
+        ca_certs=certs,
+        # Each file's content is a YAML block scalar, which gives back its final newline.
+        env_file=_env_file(req, sources, node_venv).rstrip("\n"),
+        pip_conf=_pip_conf(sources).rstrip("\n"),
+        group_vars=(header + yaml.safe_dump(node_vars, sort_keys=True)).rstrip("\n"),
+        script=script.rstrip("\n"),
+    )
+    if _PRIVATE_KEY_RE.search(text):  # the last guard: nothing above may let one through
+        raise BadInput("the rendered user data would hold a private key; refusing")
+    notes = list(sources.notes)
+    size = len(text.encode())
+    if size > USER_DATA_LIMIT:
+        notes.append(
+            f"user data is {size} bytes: AWS EC2 takes at most {USER_DATA_LIMIT} "
+            "(gzip it, or use Aliyun ECS's 32 KiB)"
+        )
+    return UserData(text=text, node_vars=node_vars, sources=sources, notes=tuple(notes))

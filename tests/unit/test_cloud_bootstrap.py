@@ -1,0 +1,164 @@
+"""The bootstrap script run under bash against a scratch root, with fakes for apt-get, the venv,
+ansible-playbook and gpuenv check, and a real git repository for the fetch stage."""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from importlib import resources
+
+import pytest
+
+SCRIPT = resources.files("gpuenv.cloud").joinpath("templates/bootstrap.sh")
+
+
+def _fake(path, body):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/bash\n" + body + "\n")
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A scratch root laid out like an instance after cloud-init's write_files."""
+    root = tmp_path / "root"
+    (root / "etc" / "gpuenv").mkdir(parents=True)
+    (root / "etc" / "os-release").write_text("ID=debian\nVERSION_ID=12\n")
+    (root / "etc" / "apt" / "sources.list.d").mkdir(parents=True)
+    (root / "etc" / "apt" / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\n\n"
+        "Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\n"
+    )
+    bin_dir = tmp_path / "bin"
+    _fake(bin_dir / "apt-get", 'echo "apt-get $*" >>"$GPUENV_ROOT/apt.log"')
+    venv = root / "opt" / "gpuenv-bootstrap" / "venv" / "bin"
+    _fake(venv / "python", "exit 0")
+    _fake(venv / "ansible-playbook", 'echo "ansible-playbook $*"; echo "PLAY RECAP"')
+    _fake(root / "opt" / "gpuenv" / "bin" / "gpuenv", "echo '{}' >\"$5\"; exit 0")
+    # The project at a real tag in a real repository.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "site.yml").write_text("---\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "site.yml"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    subprocess.run([*git, "tag", "v1"], check=True)
+    return root, bin_dir, repo
+
+
+def _env_file(root, repo, ref, **extra):
+    values = {
+        "GPUENV_GROUP": "cloud_nodes",
+        "GPUENV_SOURCE": f"file://{repo}",
+        "GPUENV_REF": ref,
+        "GPUENV_PLAYBOOK": "site.yml",
+        "GPUENV_SKIP_TAGS": "ssh,validate",
+        "GPUENV_ANSIBLE": "ansible==12.3.0",
+        "GPUENV_ANSIBLE_PY310": "ansible==10.7.0",
+        "GPUENV_NODE_VENV": f"{root}/opt/gpuenv",
+        "GPUENV_HTTP_PROXY": "",
+        "GPUENV_HTTPS_PROXY": "",
+        "GPUENV_NO_PROXY": "",
+        "GPUENV_APT_MIRROR_DEBIAN": "",
+        "GPUENV_APT_SECURITY_DEBIAN": "",
+        "GPUENV_APT_MIRROR_UBUNTU": "",
+        "GPUENV_APT_SECURITY_UBUNTU": "",
+        **extra,
+    }
+    text = "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
+    (root / "etc" / "gpuenv" / "bootstrap.env").write_text(text)
+
+
+def _run(root, bin_dir):
+    env = {**os.environ, "GPUENV_ROOT": str(root), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    marker = json.loads((root / "var" / "lib" / "gpuenv" / "ready.json").read_text())
+    return done, marker
+
+
+def test_a_ref_that_does_not_exist_fails_the_fetch_stage_and_says_so(node):
+    root, bin_dir, repo = node
+    _env_file(root, repo, "v9.9-missing")
+    done, marker = _run(root, bin_dir)
+    assert done.returncode == 1
+    assert marker["status"] == "failed"
+    assert marker["stage"] == "fetch"
+    assert "couldn't find remote ref v9.9-missing" in marker["reason"]
+    assert marker["ref"] == "v9.9-missing"
+    assert marker["verdict"] is None
+    assert marker["finished"] is not None
+    assert marker["log"] == "/var/log/gpuenv-bootstrap.log"
+    # The earlier stages ran; nothing after the fetch did.
+    assert "install -y --no-install-recommends python3-venv git" in (root / "apt.log").read_text()
+    assert "stage converge" not in (root / "var" / "log" / "gpuenv-bootstrap.log").read_text()
+
+
+def test_a_failing_git_fails_the_fetch_stage(node):
+    root, bin_dir, repo = node
+    _fake(bin_dir / "git", 'echo "fatal: unable to access the source: proxy refused" >&2; exit 128')
+    _env_file(root, repo, "v1")
+    done, marker = _run(root, bin_dir)
+    assert done.returncode == 1
+    assert (marker["status"], marker["stage"]) == ("failed", "fetch")
+    assert "stage fetch failed (exit 128)" in marker["reason"]
+    assert "proxy refused" in marker["reason"]
+
+
+def test_a_converged_node_records_the_commit_and_the_check_verdict(node):
+    root, bin_dir, repo = node
+    _env_file(
+        root,
+        repo,
+        "v1",
+        GPUENV_APT_MIRROR_DEBIAN="https://mirrors.example.cn/debian",
+        GPUENV_APT_SECURITY_DEBIAN="https://mirrors.example.cn/debian-security",
+        GPUENV_HTTPS_PROXY="http://proxy.example:3128",
+    )
+    _fake(root / "opt" / "gpuenv" / "bin" / "gpuenv", "echo '{}' >\"$5\"; exit 1")
+    done, marker = _run(root, bin_dir)
+    assert done.returncode == 0, done.stderr
+    head = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert (marker["status"], marker["stage"], marker["verdict"]) == ("done", "done", "fail")
+    assert marker["commit"] == head
+    assert marker["check_report"].endswith("/var/lib/gpuenv/check.json")
+    sources = (root / "etc" / "apt" / "sources.list.d" / "debian.sources").read_text()
+    assert "URIs: https://mirrors.example.cn/debian\n" in sources
+    assert "URIs: https://mirrors.example.cn/debian-security\n" in sources
+    proxy = (root / "etc" / "apt" / "apt.conf.d" / "90gpuenv-proxy").read_text()
+    assert proxy == 'Acquire::https::Proxy "http://proxy.example:3128";\n'
+    log = (root / "var" / "log" / "gpuenv-bootstrap.log").read_text()
+    inventory = f"{root}/etc/gpuenv/inventory/hosts.yml"
+    assert f"ansible-playbook site.yml -i {inventory} --skip-tags ssh,validate" in log
+    assert "ansible_connection: local" in (root / "etc/gpuenv/inventory/hosts.yml").read_text()
+
+
+def test_a_failed_converge_names_the_failed_task(node):
+    root, bin_dir, repo = node
+    _env_file(root, repo, "v1")
+    venv = root / "opt" / "gpuenv-bootstrap" / "venv" / "bin"
+    _fake(
+        venv / "ansible-playbook",
+        '[ "$1" != --version ] || exit 0\n'
+        'echo "TASK [nvidia_driver : Check the driver branch]"\n'
+        "echo \"fatal: [node]: FAILED! => nvidia_driver_branch='999' is not packaged\"\n"
+        'echo "PLAY RECAP"; exit 2',
+    )
+    done, marker = _run(root, bin_dir)
+    assert done.returncode == 1
+    assert (marker["status"], marker["stage"]) == ("failed", "converge")
+    assert "nvidia_driver_branch='999' is not packaged" in marker["reason"]
+
+
+def test_script_is_shellcheck_clean():
+    if shutil.which("shellcheck") is None:
+        pytest.skip("apt-get install -y shellcheck")
+    done = subprocess.run(
+        ["shellcheck", str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout

@@ -1,0 +1,227 @@
+import shutil
+import subprocess
+from importlib import resources
+
+import pytest
+import yaml
+
+from gpuenv.cli import main
+from gpuenv.cloud import userdata
+from gpuenv.errors import BadInput
+
+CLOUD_INIT_INSTALL = "apt-get install -y cloud-init"
+FAKE_KEY = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
+    "-----END OPENSSH PRIVATE KEY-----\n"
+)
+FAKE_CA = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUSiteCA\n-----END CERTIFICATE-----\n"
+
+
+def _write_inventory(root, extra_cloud_vars=""):
+    key = root / "id_controller"
+    key.write_text(FAKE_KEY)
+    key.chmod(0o600)
+    ca = root / "site-ca.pem"
+    ca.write_text(FAKE_CA)
+    (root / "group_vars" / "all").mkdir(parents=True)
+    (root / "hosts.yml").write_text(
+        f"""
+all:
+  children:
+    gpu_nodes:
+      hosts:
+        gpu-node-01: {{ansible_host: 192.0.2.11}}
+    cloud_nodes:
+      vars:
+        nvidia_driver_branch: "580"
+{extra_cloud_vars}
+  vars:
+    ansible_user: admin
+    ansible_ssh_private_key_file: {key}
+"""
+    )
+    (root / "group_vars" / "all" / "sources.yml").write_text(
+        f"gpuenv_sources_preset: aliyun\ngpuenv_ca_bundle: {ca}\n"
+        "ssh_mesh_private_key_file: /home/me/.ssh/cluster_ed25519\n"
+    )
+    return root / "hosts.yml"
+
+
+def _request(inv, **kw):
+    return userdata.Request(
+        inventory=str(inv),
+        group=kw.pop("group", "cloud_nodes"),
+        source=kw.pop("source", "https://git.example.org/gpuenv.git"),
+        ref=kw.pop("ref", "v1.0"),
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    inv = _write_inventory(tmp_path_factory.mktemp("inv"))
+    return userdata.render(_request(inv)), inv
+
+
+def _files(text):
+    doc = yaml.safe_load(text)
+    return doc, {f["path"]: f for f in doc["write_files"]}
+
+
+def test_user_data_carries_the_groups_variables_and_the_resolved_sources(rendered):
+    out, _ = rendered
+    assert out.text.startswith("#cloud-config\n")
+    doc, files = _files(out.text)
+    node_vars = yaml.safe_load(files["/etc/gpuenv/inventory/group_vars/cloud_nodes.yml"]["content"])
+    assert node_vars["nvidia_driver_branch"] == "580"
+    assert node_vars["nvidia_driver_repo_url"] == "https://mirrors.aliyun.com/nvidia-cuda"
+    assert node_vars["gpu_env_pip_index_url"] == "https://mirrors.aliyun.com/pypi/simple/"
+    assert not any(k.startswith("ansible_") for k in node_vars)
+    assert "ssh_mesh_private_key_file" not in node_vars
+    assert doc["ca_certs"]["trusted"] == [FAKE_CA]
+    assert doc["runcmd"] == [["/usr/local/sbin/gpuenv-bootstrap"]]
+    script = files["/usr/local/sbin/gpuenv-bootstrap"]
+    assert script["permissions"] == "0755"
+    shipped = resources.files("gpuenv.cloud").joinpath("templates/bootstrap.sh").read_text()
+    assert script["content"] == shipped
+    env = files["/etc/gpuenv/bootstrap.env"]["content"]
+    assert "GPUENV_REF=v1.0\n" in env
+    assert "GPUENV_APT_MIRROR_DEBIAN=https://mirrors.aliyun.com/debian\n" in env
+    assert "GPUENV_SKIP_TAGS=ssh,validate\n" in env
+    pip_conf = files["/etc/gpuenv/pip.conf"]["content"]
+    assert "index-url = https://mirrors.aliyun.com/pypi/simple/\n" in pip_conf
+
+
+def test_user_data_holds_no_private_key(rendered):
+    out, inv = rendered
+    key_file = inv.parent / "id_controller"
+    assert "PRIVATE KEY" not in out.text
+    assert "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ" not in out.text
+    assert str(key_file) not in out.text
+    assert "cluster_ed25519" not in out.text
+
+
+def _schema(tmp_path, text):
+    """Debian's cloud-init judging a user-data document."""
+    path = tmp_path / "user-data"
+    path.write_text(text)
+    return subprocess.run(
+        ["cloud-init", "schema", "--config-file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_user_data_passes_cloud_init_schema(rendered, tmp_path):
+    if shutil.which("cloud-init") is None:
+        pytest.skip(CLOUD_INIT_INSTALL)
+    out, _ = rendered
+    done = _schema(tmp_path, out.text)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Valid cloud-config" in done.stdout
+
+
+def test_schema_check_catches_a_broken_document(tmp_path):
+    # The check above must be able to fail: a write_files entry without a path is invalid.
+    if shutil.which("cloud-init") is None:
+        pytest.skip(CLOUD_INIT_INSTALL)
+    done = _schema(tmp_path, "#cloud-config\nwrite_files:\n  - content: x\n")
+    assert done.returncode != 0
+
+
+def test_group_var_with_key_material_is_refused(tmp_path):
+    inv = _write_inventory(tmp_path, '        extra_key: "-----BEGIN RSA PRIVATE KEY-----"')
+    with pytest.raises(BadInput, match="extra_key holds private key material"):
+        userdata.render(_request(inv))
+
+
+def test_group_var_named_like_a_secret_is_refused(tmp_path):
+    inv = _write_inventory(tmp_path, "        registry_password: hunter2")
+    with pytest.raises(BadInput, match="registry_password looks like a secret"):
+        userdata.render(_request(inv))
+
+
+def test_unknown_group_lists_the_groups(tmp_path):
+    inv = _write_inventory(tmp_path)
+    with pytest.raises(BadInput) as exc:
+        userdata.render(_request(inv, group="gpu_nodez"))
+    assert "group 'gpu_nodez' is not in inventory" in str(exc.value)
+    assert "cloud_nodes, gpu_nodes" in str(exc.value)
+
+
+def test_bad_preset_in_the_inventory_lists_the_valid_ones(tmp_path):
+    inv = _write_inventory(tmp_path, "        gpuenv_sources_preset: tsinghua")
+    with pytest.raises(BadInput, match="valid: aliyun, official, tuna, ustc"):
+        userdata.render(_request(inv))
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("git@github.com:org/gpuenv.git", "SSH URL"),
+        ("ssh://git@github.com/org/gpuenv.git", "SSH URL"),
+        ("https://user:pw@git.example.org/gpuenv.git", "carries credentials"),
+        ("gpuenv.git", "is not a git or tarball URL"),
+    ],
+)
+def test_sources_the_instance_cannot_fetch_unaided_are_refused(source, expected):
+    with pytest.raises(BadInput, match=expected):
+        userdata.check_source(source)
+
+
+@pytest.mark.parametrize("ref", ["-x", "a..b", "main branch", ""])
+def test_malformed_ref_is_refused(ref):
+    with pytest.raises(BadInput, match="is not a branch, tag or commit name"):
+        userdata.check_ref(ref)
+
+
+def test_cli_writes_the_file_and_exits_2_on_bad_input(tmp_path, capsys):
+    inv = _write_inventory(tmp_path)
+    out = tmp_path / "user-data.yaml"
+    argv = ["cloud-init", "-i", str(inv), "--group", "cloud_nodes"]
+    argv += ["--source", "https://git.example.org/gpuenv.git", "--ref", "main", "-o", str(out)]
+    assert main(argv) == 0
+    assert out.read_text().startswith("#cloud-config")
+    bad = tmp_path / "bad.yaml"
+    assert main([*argv[:-1], str(bad), "--ref", "a..b"]) == 2
+    assert not bad.exists()
+    assert "is not a branch, tag or commit name" in capsys.readouterr().err
+
+
+def test_proxy_with_a_password_is_refused(tmp_path):
+    inv = _write_inventory(tmp_path, "        gpuenv_https_proxy: http://me:pw@proxy.example:3128")
+    with pytest.raises(BadInput, match="gpuenv_https_proxy carries a password"):
+        userdata.render(_request(inv))
+
+
+def test_an_explicit_role_variable_beats_the_preset_but_an_empty_one_does_not(tmp_path):
+    inv = _write_inventory(
+        tmp_path,
+        '        nvidia_driver_repo_url: "http://repo.site.example/cuda"\n'
+        '        gpu_env_pip_index_url: ""',
+    )
+    node_vars = userdata.render(_request(inv)).node_vars
+    assert node_vars["nvidia_driver_repo_url"] == "http://repo.site.example/cuda"
+    assert node_vars["gpu_env_pip_index_url"] == "https://mirrors.aliyun.com/pypi/simple/"
+
+
+def test_checkout_defaults_are_the_origin_url_and_head(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "one"], check=True)
+    url = "https://git.example.org/gpuenv.git"
+    subprocess.run([*git, "remote", "add", "origin", url], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert userdata.checkout_defaults(repo) == (url, head.strip())
+    assert userdata.checkout_defaults(tmp_path / "not-a-repo") == (None, None)
+
+
+def test_cli_without_source_outside_a_checkout_asks_for_it(tmp_path, monkeypatch, capsys):
+    inv = _write_inventory(tmp_path)
+    monkeypatch.setattr(userdata, "checkout_defaults", lambda root: (None, None))
+    assert main(["cloud-init", "-i", str(inv), "--group", "cloud_nodes", "--ref", "v1"]) == 2
+    assert "--source is required" in capsys.readouterr().err
