@@ -3,6 +3,8 @@
 1. The user-space driver library (``libnvidia-ml.so.<version>``, ``libcuda.so.<version>``
    behind the ld cache's ``.so.1`` links) must be the loaded module's version
    (``/proc/driver/nvidia/version``); otherwise NVML says "Driver/library version mismatch".
+   With no module loaded, the module file for the running kernel (``modinfo``) stands in:
+   an upgrade that changed the libraries but built no new module shows there.
    The package upgrade that changed the library is looked up in dpkg's log.
 3. The open kernel module drives Turing and newer only; Blackwell needs it. The proprietary
    one drives everything up to Ada/Hopper, not Blackwell. GPU generations by PCI device ID.
@@ -126,12 +128,28 @@ def last_change(log: list[str], package_re: str, version: str | None = None) -> 
     return None
 
 
+def installed_module(system: System) -> Module | None:
+    """The module file modprobe would load for the running kernel (``modinfo``)."""
+    out = system.run("modinfo-version", ["modinfo", "-F", "version", "nvidia"])
+    version = out.stdout.strip() if out.ok else ""
+    if not version:
+        return None
+    flavour = installed_flavour(system) or "unknown"
+    return Module(version, flavour, "modinfo -F version nvidia (not loaded)")
+
+
 def driver_version(system: System) -> Verdict:
     module = loaded_module(system)
+    loaded = module is not None
     if module is None:
-        return skipped(1, "no NVIDIA kernel module loaded (/proc/driver/nvidia/version absent)")
+        # No module loaded (a node whose module failed to load, or a container): the module
+        # file for the running kernel is what the next load or boot gets.
+        module = installed_module(system)
+    if module is None:
+        return skipped(1, "no NVIDIA kernel module loaded or installed for the running kernel")
     libs, evidence = _user_libs(system)
-    facts = {"module": module.version, "flavour": module.flavour, "libraries": libs}
+    facts = {"module": module.version, "loaded": loaded, "flavour": module.flavour}
+    facts["libraries"] = libs
     if not libs:
         if ld_cache(system) is None:
             return skipped(1, "ldconfig -p cannot be read: driver library version unknown", **facts)
@@ -148,28 +166,37 @@ def driver_version(system: System) -> Verdict:
     change = last_change(
         log, r"^(libnvidia-compute|libnvidia-ml|libcuda|nvidia-driver)", lib_version
     ) or last_change(log, r"nvidia|cuda-drivers", lib_version)
-    fixes = [
-        f"reboot, so that the {lib_version} kernel module the upgrade installed is loaded",
-        _RELOAD,
-    ]
+    what = "loaded kernel module" if loaded else "kernel module installed for the running kernel"
+    if loaded:
+        fixes = [
+            f"reboot, so that the {lib_version} kernel module the upgrade installed is loaded",
+            _RELOAD,
+        ]
+    else:
+        fixes = [
+            f"build and install the {lib_version} module: dkms autoinstall (or reinstall the "
+            "driver's kernel module package), then reboot"
+        ]
     cause = (
-        f"the driver library is {lib_version} but the loaded kernel module is "
-        f"{module.version}: NVML and CUDA fail with 'Driver/library version mismatch'"
+        f"the driver library is {lib_version} but the {what} is {module.version}: NVML and "
+        "CUDA fail with 'Driver/library version mismatch'"
     )
     if change:
         when, _action, pkg, old, new = _DPKG_RE.match(change).groups()  # type: ignore[union-attr]
         evidence.append(f"/var/log/dpkg.log: {change}")
-        cause += f"; {pkg.split(':')[0]} was upgraded {old} -> {new} at {when} without a reboot"
+        done = f"installed at {new}" if old == "<none>" else f"upgraded {old} -> {new}"
+        cause += f"; {pkg.split(':')[0]} was {done} at {when}"
+        cause += " without a reboot" if loaded else " without a matching module"
         if old != "<none>":
             fixes.append(
-                f"or go back to the loaded driver: apt-get install --allow-downgrades "
+                f"or go back to the {what}'s driver: apt-get install --allow-downgrades "
                 f"{pkg.split(':')[0]}={old}"
             )
         fixes.append(f"keep it from recurring: apt-mark hold {pkg.split(':')[0]}")
     verdict.findings.append(
         Finding(
             1,
-            f"driver library {lib_version} != loaded kernel module {module.version}",
+            f"driver library {lib_version} != {what} {module.version}",
             cause,
             tuple(evidence),
             tuple(fixes),

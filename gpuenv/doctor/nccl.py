@@ -9,7 +9,7 @@ Python process that imports them. Findings on a node:
 
 * a libnccl in an ``LD_LIBRARY_PATH`` folder next to another NCCL (it shadows that one);
 * torch and CuPy loading different NCCL versions;
-* two different libnccl.so.2 in the ld cache (which one a program gets depends on order).
+* two libnccl files in the ld cache (which one a program gets depends on its order).
 
 Across nodes, the version torch loads, the system's NCCL and the set of net plugins
 (``libnccl-net*.so``) must agree; the odd node is named.
@@ -86,11 +86,10 @@ def find_libraries(system: System) -> list[dict[str, str]]:
     for name, path in ld_cache(system) or []:
         if name.startswith("libnccl.so"):
             candidates.append((path, "ld cache"))
-    for folder in system.env.get("LD_LIBRARY_PATH", "").split(":"):
-        if folder:
-            candidates += [
-                (p, f"LD_LIBRARY_PATH {folder}") for p in system.glob(f"{folder}/libnccl.so*")
-            ]
+    for folder in ld_library_path(system):
+        candidates += [
+            (p, f"LD_LIBRARY_PATH {folder}") for p in system.glob(f"{folder}/libnccl.so*")
+        ]
     for site in _site_dirs(system):
         for sub in ("nvidia/nccl/lib", "torch/lib"):
             candidates += [
@@ -107,10 +106,17 @@ def find_libraries(system: System) -> list[dict[str, str]]:
     return list(found.values())
 
 
+def ld_library_path(system: System) -> list[str]:
+    """LD_LIBRARY_PATH folders: the environment's, and those node-wide files set for logins."""
+    values = [s.value for s in global_settings(system) if s.name == "LD_LIBRARY_PATH"]
+    folders = [f for v in values for f in v.split(":") if f and "$" not in f]
+    return list(dict.fromkeys(folders))
+
+
 def find_plugins(system: System, libraries: list[dict[str, str]]) -> list[str]:
     names = {n for n, _ in ld_cache(system) or [] if n.startswith("libnccl-net")}
     folders = {lib["file"].rsplit("/", 1)[0] for lib in libraries}
-    folders |= {f for f in system.env.get("LD_LIBRARY_PATH", "").split(":") if f}
+    folders |= set(ld_library_path(system))
     for folder in folders:
         names |= {p.rsplit("/", 1)[-1] for p in system.glob(f"{folder}/libnccl-net*.so*")}
     return sorted(names)
@@ -128,6 +134,7 @@ def probe_frameworks(system: System) -> dict[str, Any]:
 
 def _where_ldlp(system: System) -> str:
     places = [s.where() for s in global_settings(system) if s.name == "LD_LIBRARY_PATH"]
+    places = list(dict.fromkeys(places))
     files = [p for p in places if p != PROCESS]
     return ", ".join(files) if files else PROCESS
 
@@ -140,7 +147,8 @@ def nccl_libraries(system: System) -> Verdict:
     }
     if not libs and not frameworks:
         return skipped(9, "no NCCL on this node (ld cache, LD_LIBRARY_PATH, site-packages)")
-    system_versions = sorted({lib["version"] for lib in libs if lib["via"] == "ld cache"})
+    cached = [lib for lib in libs if lib["via"] == "ld cache"]
+    system_versions = sorted({lib["version"] for lib in cached})
     facts: dict[str, Any] = {
         "libraries": libs,
         "frameworks": loaded,
@@ -189,16 +197,18 @@ def nccl_libraries(system: System) -> Verdict:
                  f"nvidia-nccl-cu12=={max(versions.values())} or the matching cu13 wheel)",),
             )
         )  # fmt: skip
-    if len(system_versions) > 1:
+    if len(cached) > 1:
         verdict.findings.append(
             Finding(
                 9,
-                f"two system NCCL versions in the ld cache: {', '.join(system_versions)}",
-                "which libnccl.so.2 a program gets depends on the ld cache's order",
+                f"{len(cached)} NCCL libraries in the ld cache: "
+                + ", ".join(f"{lib['file']} ({lib['version']})" for lib in cached),
+                "which libnccl.so.2 a program gets depends on the order of the ld cache",
                 tuple(listing),
-                ("remove the older one (dpkg -S <file> names its package) and run ldconfig",),
+                ("keep one: dpkg -S <file> names the package of each; remove the other file or "
+                 "its /etc/ld.so.conf.d entry, then run ldconfig",),
             )
-        )
+        )  # fmt: skip
     return verdict
 
 

@@ -142,11 +142,14 @@ class System:
             for i in range(2, len(parts) + 1):
                 head = "/".join(parts[:i])
                 target = self.readlink(head)
-                if target is not None:
-                    base = os.path.dirname(head)
-                    joined = target if target.startswith("/") else f"{base}/{target}"
-                    current = os.path.normpath("/".join([joined, *parts[i:]]))
-                    break
+                if target is None:
+                    continue
+                base = os.path.dirname(head)
+                joined = os.path.normpath(target if target.startswith("/") else f"{base}/{target}")
+                if joined == head:
+                    continue  # an overlay root's link to the real folder of the same name
+                current = os.path.normpath("/".join([joined, *parts[i:]]))
+                break
             else:
                 return current
         return current

@@ -250,3 +250,63 @@ def test_a_reader_that_raises_is_an_error_not_a_pass(tmp_path, monkeypatch):
     (v,) = engine.diagnose(fixture(node(tmp_path)), ADDRESS, only=[10])
     assert v.error == "reader failed: RuntimeError: boom"
     assert to_result("n", v).status is Status.ERROR
+
+
+def test_driver_upgrade_without_a_module_when_none_is_loaded(tmp_path):
+    root = node(tmp_path, "01-driver-version")
+    (root / "proc/driver/nvidia/version").unlink()
+    (root / "sys/module/nvidia/version").unlink()
+    (root / "cmd/modinfo-version.out").write_text("580.159.04\n")
+    (f,) = diagnose(root)[1].findings
+    assert f.title == (
+        "driver library 580.173.02 != kernel module installed for the running kernel 580.159.04"
+    )
+    assert "without a matching module" in f.cause
+    assert any("dkms autoinstall" in x for x in f.fixes)
+
+
+def test_no_module_loaded_or_installed_skips_class_1(tmp_path):
+    root = node(tmp_path)
+    (root / "proc/driver/nvidia/version").unlink()
+    (root / "sys/module/nvidia/version").unlink()
+    assert "no NVIDIA kernel module" in diagnose(root)[1].skip
+
+
+def test_overlay_root_with_links_to_real_folders_resolves(tmp_path):
+    # benchmarks/gpu_machine_doctor.sh lays a copied etc/ beside links to the real folders:
+    # <root>/usr -> /usr is the same folder, not a loop
+    from gpuenv.doctor.system import System
+
+    if os.readlink("/etc/os-release") != "../usr/lib/os-release":
+        pytest.skip("this host's /etc/os-release is not Debian's link")
+    for name in ("etc", "usr"):
+        (tmp_path / name).symlink_to("/" + name)
+    system = System(root=tmp_path)
+    assert system.resolve("/etc/os-release") == "/usr/lib/os-release"
+    assert "ID=" in system.read(system.resolve("/etc/os-release"))
+
+
+def test_second_nccl_in_the_ld_cache_is_named(tmp_path):
+    # the lab's fault: a copy of the system NCCL in a folder listed in /etc/ld.so.conf.d
+    root = node(tmp_path)
+    copy = root / "opt/nccl-copy/lib"
+    copy.mkdir(parents=True)
+    (copy / "libnccl.so.2.27.7").write_text("")
+    (copy / "libnccl.so.2").symlink_to("libnccl.so.2.27.7")
+    cache = root / "cmd/ldconfig-p.out"
+    line = "\tlibnccl.so.2 (libc6,x86-64) => /opt/nccl-copy/lib/libnccl.so.2\n"
+    cache.write_text(cache.read_text() + line)
+    (f,) = diagnose(root)[9].findings
+    assert f.title.startswith("2 NCCL libraries in the ld cache: ")
+    assert "/opt/nccl-copy/lib/libnccl.so.2.27.7 (2.27.7)" in f.title
+
+
+def test_ld_library_path_from_etc_environment_counts_too(tmp_path):
+    root = node(tmp_path, "09-nccl-libraries")
+    env = root / "cmd/environ.env"
+    env.write_text("".join(ln for ln in env.read_text().splitlines(True) if "LD_LIB" not in ln))
+    with open(root / "etc/environment", "a") as fh:
+        fh.write("LD_LIBRARY_PATH=/usr/local/nccl-2.18.3/lib\n")
+    (f,) = diagnose(root)[9].findings
+    assert "LD_LIBRARY_PATH" in f.title
+    assert any("(set in /etc/environment:2)" in x for x in f.fixes)
