@@ -189,7 +189,7 @@ def driver_version(system: System) -> Verdict:
         cause += " without a reboot" if loaded else " without a matching module"
         if old != "<none>":
             fixes.append(
-                f"or go back to the {what}'s driver: apt-get install --allow-downgrades "
+                f"or go back to the {module.version} library: apt-get install --allow-downgrades "
                 f"{pkg.split(':')[0]}={old}"
             )
         fixes.append(f"keep it from recurring: apt-mark hold {pkg.split(':')[0]}")

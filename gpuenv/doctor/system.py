@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,11 +45,19 @@ class CmdOut:
 Runner = Callable[[str, Sequence[str]], CmdOut]
 
 
+def _which(command: str) -> str:
+    """The command on PATH, else in the sbin folders a non-root PATH lacks (ldconfig, lspci)."""
+    found = shutil.which(command)
+    if found is None:
+        found = shutil.which(command, path="/usr/sbin:/sbin:/usr/local/sbin")
+    return found or command
+
+
 def real_runner(deadline_s: float = COMMAND_DEADLINE_S) -> Runner:
     def run(_name: str, argv: Sequence[str]) -> CmdOut:
         try:
             done = subprocess.run(
-                list(argv),
+                [_which(argv[0]), *argv[1:]],
                 capture_output=True,
                 text=True,
                 timeout=deadline_s,
@@ -145,10 +154,10 @@ class System:
                 if target is None:
                     continue
                 base = os.path.dirname(head)
-                joined = os.path.normpath(target if target.startswith("/") else f"{base}/{target}")
+                joined = _norm(target if target.startswith("/") else f"{base}/{target}")
                 if joined == head:
                     continue  # an overlay root's link to the real folder of the same name
-                current = os.path.normpath("/".join([joined, *parts[i:]]))
+                current = _norm("/".join([joined, *parts[i:]]))
                 break
             else:
                 return current
@@ -168,6 +177,11 @@ class System:
 
     def run(self, name: str, argv: Sequence[str]) -> CmdOut:
         return self.runner(name, argv)
+
+
+def _norm(path: str) -> str:
+    # normpath keeps a leading "//" (POSIX leaves its meaning open); a node path has one "/"
+    return "/" + os.path.normpath(path).lstrip("/")
 
 
 def fixture(folder: str | Path, env: Mapping[str, str] | None = None) -> System:

@@ -310,3 +310,22 @@ def test_ld_library_path_from_etc_environment_counts_too(tmp_path):
     (f,) = diagnose(root)[9].findings
     assert "LD_LIBRARY_PATH" in f.title
     assert any("(set in /etc/environment:2)" in x for x in f.fixes)
+
+
+def test_links_from_the_top_folder_resolve_to_one_slash(tmp_path):
+    # Debian's merged /usr: /lib -> usr/lib
+    from gpuenv.doctor.system import System
+
+    (tmp_path / "usr/lib").mkdir(parents=True)
+    (tmp_path / "lib").symlink_to("usr/lib")
+    assert System(root=tmp_path).resolve("/lib/libnccl.so.2") == "/usr/lib/libnccl.so.2"
+
+
+def test_real_runner_finds_sbin_commands_and_says_when_missing(monkeypatch):
+    from gpuenv.doctor.system import real_runner
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    run = real_runner(5.0)
+    assert run("ldconfig-p", ["ldconfig", "-p"]).ok
+    missing = run("x", ["gpuenv-no-such-tool"])
+    assert missing.rc is None and "not installed" in missing.stderr
