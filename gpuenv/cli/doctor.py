@@ -96,14 +96,13 @@ def _system(args: argparse.Namespace) -> Any:
     from gpuenv.doctor.system import System, fixture, real_runner
 
     if args.root is None:
-        return System(python_paths=python_site_dirs(), is_root=os.geteuid() == 0)
+        return System(python_paths=python_site_dirs())
     if not args.run_commands:
         return fixture(args.root)
     return System(
         root=Path(args.root),
         runner=real_runner(),
         python_paths=python_site_dirs(),
-        is_root=os.geteuid() == 0,
     )
 
 

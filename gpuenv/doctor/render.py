@@ -37,10 +37,11 @@ def lines(results: Sequence[Result], wall_s: float, verbose: bool = False) -> li
         passed = sum(r.status is Status.PASS for r in mine)
         out.append(f"   {passed} of {len(mine)} classes clean on {node}")
     failed = [r for r in results if r.status.failed]
-    count = sum(len(r.details.get("findings", [])) or 1 for r in failed)
+    findings = sum(len(r.details.get("findings", [])) for r in failed if r.status is Status.FAIL)
+    errors = sum(r.status is Status.ERROR for r in failed)
     verdict = "FINDINGS" if failed else "CLEAN"
     out.append(
-        f"verdict: {verdict}  {count} finding(s) on {len({r.node for r in failed})} of "
-        f"{len(nodes)} node(s) in {wall_s:.1f}s"
+        f"verdict: {verdict}  {findings} finding(s), {errors} error(s) on "
+        f"{len({r.node for r in failed})} of {len(nodes)} node(s) in {wall_s:.1f}s"
     )
     return out

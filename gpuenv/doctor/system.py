@@ -101,7 +101,6 @@ class System:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     # site-packages folders of the interpreter doctor runs in (real node only; fixtures glob).
     python_paths: Sequence[str] = ()
-    is_root: bool = True
 
     def path(self, path: str) -> Path:
         return self.root / path.lstrip("/")

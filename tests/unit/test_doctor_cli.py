@@ -79,3 +79,20 @@ def test_bad_deadline_is_refused_by_argparse(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["doctor", "-i", "x", "--deadline", "0"])
     assert exc.value.code == 2
+
+
+def test_verdict_line_counts_findings_and_errors():
+    from gpuenv.doctor.render import lines
+    from gpuenv.results import Result, Status
+
+    results = [
+        Result("doctor.stray-env", "n1", Status.FAIL, "x",
+               details={"findings": [{"class": 10, "title": "t", "cause": "c",
+                                      "evidence": ["e"], "fixes": ["f"]}]}),
+        Result("doctor", "n2", Status.ERROR, "no doctor report: unreachable"),
+        Result("doctor.stray-env", "n3", Status.PASS),
+    ]  # fmt: skip
+    out = lines(results, 1.0)
+    assert out[-1] == "verdict: FINDINGS  1 finding(s), 1 error(s) on 2 of 3 node(s) in 1.0s"
+    assert "ERROR n2 [doctor] no doctor report: unreachable" in out
+    assert "      fix:      f" in out
