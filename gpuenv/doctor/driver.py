@@ -84,7 +84,8 @@ def _user_libs(system: System) -> tuple[dict[str, str], list[str]]:
     cache = ld_cache(system) or []
     for lib in ("libnvidia-ml.so.1", "libcuda.so.1"):
         for name, path in cache:
-            if name != lib:
+            # cuda-compat's libcuda (.../compat/) is meant to be newer than the module
+            if name != lib or "/compat/" in path:
                 continue
             target = system.resolve(path)
             m = _LIB_RE.search(target)
@@ -381,6 +382,12 @@ def next_boot_module(system: System) -> Verdict:
     installed = [p.rsplit("/", 1)[-1][8:] for p in system.glob("/boot/vmlinuz-*")]
     if not installed:
         return skipped(5, "no kernel image in /boot (container or network boot): next boot unknown")
+    if not system.is_dir(f"/lib/modules/{running}"):
+        return skipped(
+            5,
+            f"/lib/modules/{running} is missing: the running kernel is not this system's own "
+            "(a container, or a VM booted with an external kernel)",
+        )
     if not _modules_for(system, running) and loaded_module(system) is None:
         return skipped(5, f"no NVIDIA module installed for the running kernel {running}")
     nxt, source = next_boot_kernel(system, installed)

@@ -40,25 +40,37 @@ _SITE_GLOBS = (
     "/opt/*/*/lib/python3*/site-packages",
 )
 # Runs in the node's Python: which libnccl torch and CuPy map, and their versions.
+# Runs in the node's Python: which libnccl torch and CuPy map, and their versions. Each
+# framework is imported in a process of its own: in one process the second would reuse the
+# libnccl.so.2 the first loaded (the loader shares a soname), hiding a difference.
 PROBE = r"""
-import json
+import json, subprocess, sys
+CHILD = r'''
+import json, sys
 def maps():
     with open("/proc/self/maps") as fh:
         return sorted({l.split()[-1] for l in fh if "libnccl" in l and "/" in l})
+try:
+    if sys.argv[1] == "torch":
+        import torch
+        v = torch.cuda.nccl.version()
+        v = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    else:
+        from cupy.cuda import nccl
+        n = nccl.get_version()
+        v = "%d.%d.%d" % (n // 10000, n // 100 % 100, n % 100)
+    print(json.dumps({"version": v, "paths": maps()}))
+except Exception as e:
+    print(json.dumps({"error": type(e).__name__ + ": " + str(e)[:200]}))
+'''
 out = {}
-try:
-    import torch
-    v = torch.cuda.nccl.version()
-    v = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    out["torch"] = {"version": v, "paths": maps()}
-except Exception as e:
-    out["torch"] = {"error": type(e).__name__ + ": " + str(e)[:200]}
-try:
-    from cupy.cuda import nccl
-    v = nccl.get_version()
-    out["cupy"] = {"version": "%d.%d.%d" % (v // 10000, v // 100 % 100, v % 100), "paths": maps()}
-except Exception as e:
-    out["cupy"] = {"error": type(e).__name__ + ": " + str(e)[:200]}
+for mod in ("torch", "cupy"):
+    try:
+        r = subprocess.run([sys.executable, "-c", CHILD, mod], capture_output=True, text=True,
+                           timeout=25)
+        out[mod] = json.loads(r.stdout.strip().splitlines()[-1])
+    except Exception as e:
+        out[mod] = {"error": type(e).__name__ + ": " + str(e)[:200]}
 print(json.dumps(out))
 """
 
@@ -82,7 +94,15 @@ def _wheel_version(system: System, path: str) -> str | None:
 
 def find_libraries(system: System) -> list[dict[str, str]]:
     """Every distinct NCCL library file: {path, file, version, via}."""
+    # First source wins for a file: a wheel's NCCL that LD_LIBRARY_PATH also lists is the
+    # framework's own, the system's in a listed folder is the system's; only a file found
+    # through LD_LIBRARY_PATH alone counts as an LD_LIBRARY_PATH library.
     candidates: list[tuple[str, str]] = []
+    for site in _site_dirs(system):
+        for sub in ("nvidia/nccl/lib", "torch/lib"):
+            candidates += [
+                (p, f"python {site}/{sub}") for p in system.glob(f"{site}/{sub}/libnccl.so*")
+            ]
     for name, path in ld_cache(system) or []:
         if name.startswith("libnccl.so"):
             candidates.append((path, "ld cache"))
@@ -90,11 +110,6 @@ def find_libraries(system: System) -> list[dict[str, str]]:
         candidates += [
             (p, f"LD_LIBRARY_PATH {folder}") for p in system.glob(f"{folder}/libnccl.so*")
         ]
-    for site in _site_dirs(system):
-        for sub in ("nvidia/nccl/lib", "torch/lib"):
-            candidates += [
-                (p, f"python {site}/{sub}") for p in system.glob(f"{site}/{sub}/libnccl.so*")
-            ]
     found: dict[str, dict[str, str]] = {}
     for path, via in candidates:
         real = system.resolve(path)

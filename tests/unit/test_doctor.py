@@ -329,3 +329,37 @@ def test_real_runner_finds_sbin_commands_and_says_when_missing(monkeypatch):
     assert run("ldconfig-p", ["ldconfig", "-p"]).ok
     missing = run("x", ["gpuenv-no-such-tool"])
     assert missing.rc is None and "not installed" in missing.stderr
+
+
+def test_wheel_nccl_listed_on_ld_library_path_is_not_a_second_nccl(tmp_path):
+    root = node(tmp_path)
+    wheel = "/opt/gpuenv/lib/python3.10/site-packages/nvidia/nccl/lib"
+    with open(root / "cmd/environ.env", "a") as fh:
+        fh.write(f"LD_LIBRARY_PATH={wheel}:/usr/local/cuda/lib64\n")
+    v = diagnose(root)[9]
+    assert not v.findings
+    assert {lib["via"] for lib in v.facts["libraries"]} == {
+        "ld cache",
+        f"python {wheel[:-16]}/nvidia/nccl/lib",
+    }
+
+
+def test_cuda_compat_libcuda_is_not_a_mismatch(tmp_path):
+    root = node(tmp_path)
+    compat = root / "usr/local/cuda-13.0/compat"
+    compat.mkdir(parents=True)
+    (compat / "libcuda.so.590.10.01").write_text("")
+    (compat / "libcuda.so.1").symlink_to("libcuda.so.590.10.01")
+    cache = root / "cmd/ldconfig-p.out"
+    line = "\tlibcuda.so.1 (libc6,x86-64) => /usr/local/cuda-13.0/compat/libcuda.so.1\n"
+    lines = cache.read_text().splitlines(True)
+    cache.write_text("".join([lines[0], line, *lines[1:]]))
+    assert not diagnose(root)[1].findings
+
+
+def test_kernel_in_boot_of_a_container_is_not_the_next_boot(tmp_path):
+    # a container image with a kernel package, running on the host's kernel
+    root = node(tmp_path)
+    (root / "proc/sys/kernel/osrelease").write_text("6.18.44-fc-v669\n")
+    v = diagnose(root)[5]
+    assert v.skip.startswith("/lib/modules/6.18.44-fc-v669 is missing")
