@@ -286,16 +286,22 @@ def test_overlay_root_with_links_to_real_folders_resolves(tmp_path):
     assert "ID=" in system.read(system.resolve("/etc/os-release"))
 
 
+def add_cached_library(root, folder, soname, real, first=False):
+    """A library file, its soname link, and its line in the recorded ``ldconfig -p``."""
+    (root / folder.lstrip("/")).mkdir(parents=True)
+    (root / folder.lstrip("/") / real).write_text("")
+    (root / folder.lstrip("/") / soname).symlink_to(real)
+    cache = root / "cmd/ldconfig-p.out"
+    line = f"\t{soname} (libc6,x86-64) => {folder}/{soname}\n"
+    lines = cache.read_text().splitlines(True)
+    at = 1 if first else len(lines)
+    cache.write_text("".join([*lines[:at], line, *lines[at:]]))
+
+
 def test_second_nccl_in_the_ld_cache_is_named(tmp_path):
     # the lab's fault: a copy of the system NCCL in a folder listed in /etc/ld.so.conf.d
     root = node(tmp_path)
-    copy = root / "opt/nccl-copy/lib"
-    copy.mkdir(parents=True)
-    (copy / "libnccl.so.2.27.7").write_text("")
-    (copy / "libnccl.so.2").symlink_to("libnccl.so.2.27.7")
-    cache = root / "cmd/ldconfig-p.out"
-    line = "\tlibnccl.so.2 (libc6,x86-64) => /opt/nccl-copy/lib/libnccl.so.2\n"
-    cache.write_text(cache.read_text() + line)
+    add_cached_library(root, "/opt/nccl-copy/lib", "libnccl.so.2", "libnccl.so.2.27.7")
     (f,) = diagnose(root)[9].findings
     assert f.title.startswith("2 NCCL libraries in the ld cache: ")
     assert "/opt/nccl-copy/lib/libnccl.so.2.27.7 (2.27.7)" in f.title
@@ -346,14 +352,8 @@ def test_wheel_nccl_listed_on_ld_library_path_is_not_a_second_nccl(tmp_path):
 
 def test_cuda_compat_libcuda_is_not_a_mismatch(tmp_path):
     root = node(tmp_path)
-    compat = root / "usr/local/cuda-13.0/compat"
-    compat.mkdir(parents=True)
-    (compat / "libcuda.so.590.10.01").write_text("")
-    (compat / "libcuda.so.1").symlink_to("libcuda.so.590.10.01")
-    cache = root / "cmd/ldconfig-p.out"
-    line = "\tlibcuda.so.1 (libc6,x86-64) => /usr/local/cuda-13.0/compat/libcuda.so.1\n"
-    lines = cache.read_text().splitlines(True)
-    cache.write_text("".join([lines[0], line, *lines[1:]]))
+    compat = "/usr/local/cuda-13.0/compat"
+    add_cached_library(root, compat, "libcuda.so.1", "libcuda.so.590.10.01", first=True)
     assert not diagnose(root)[1].findings
 
 
