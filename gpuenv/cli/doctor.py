@@ -32,7 +32,6 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--deadline",
         type=positive(float, "seconds > 0"),
-        default=60.0,
         help="with -i: deadline of each node's diagnosis (default 60)",
     )
     p.add_argument(
@@ -81,7 +80,7 @@ def _validate(args: argparse.Namespace) -> list[int] | None:
             if getattr(args, option):
                 raise BadInput(f"--{option} is for one node; with -i each node gets its own")
     else:
-        for option in ("limit", "become"):
+        for option in ("limit", "become", "deadline"):
             if getattr(args, option):
                 raise BadInput(f"--{option} needs -i INVENTORY")
         if args.root is not None and not Path(args.root).is_dir():
@@ -121,7 +120,7 @@ def handler(args: argparse.Namespace) -> int:
         hosts = inventory.load(args.inventory, args.limit)  # BadInput before anything runs
         node = "cluster"
         results = fleet.diagnose(
-            hosts, args.deadline, only, args.become, show_progress=args.json != "-"
+            hosts, args.deadline or 60.0, only, args.become, show_progress=args.json != "-"
         ).results
     else:
         from gpuenv.doctor import engine

@@ -11,9 +11,11 @@ Standard library only: this module runs on nodes where the controller's packages
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,24 +56,31 @@ def _which(command: str) -> str:
 
 
 def real_runner(deadline_s: float = COMMAND_DEADLINE_S) -> Runner:
+    """Runs the command in a session of its own; at the deadline the whole group is killed."""
+
     def run(_name: str, argv: Sequence[str]) -> CmdOut:
         try:
-            done = subprocess.run(
+            proc = subprocess.Popen(
                 [_which(argv[0]), *argv[1:]],
-                capture_output=True,
-                text=True,
-                timeout=deadline_s,
-                check=False,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
+                text=True,
                 env={**os.environ, "LC_ALL": "C"},
+                start_new_session=True,
             )
         except FileNotFoundError:
             return CmdOut(None, stderr=f"{argv[0]} not installed")
-        except subprocess.TimeoutExpired:
-            return CmdOut(None, stderr=f"{argv[0]} did not finish within {deadline_s:.0f} s")
         except OSError as exc:
             return CmdOut(None, stderr=f"{argv[0]}: {exc}")
-        return CmdOut(done.returncode, done.stdout, done.stderr)
+        try:
+            out, err = proc.communicate(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return CmdOut(None, stderr=f"{argv[0]} did not finish within {deadline_s:.0f} s")
+        return CmdOut(proc.returncode, out, err)
 
     return run
 

@@ -363,3 +363,17 @@ def test_kernel_in_boot_of_a_container_is_not_the_next_boot(tmp_path):
     (root / "proc/sys/kernel/osrelease").write_text("6.18.44-fc-v669\n")
     v = diagnose(root)[5]
     assert v.skip.startswith("/lib/modules/6.18.44-fc-v669 is missing")
+
+
+def test_real_runner_kills_the_whole_group_at_the_deadline(tmp_path):
+    import time
+
+    from gpuenv.doctor.system import real_runner
+
+    marker = tmp_path / "late"
+    start = time.monotonic()
+    out = real_runner(0.3)("x", ["bash", "-c", f"(sleep 1; touch {marker}) & sleep 30"])
+    assert out.rc is None and "did not finish within 0 s" in out.stderr
+    assert time.monotonic() - start < 3
+    time.sleep(1.2)
+    assert not marker.exists()  # the background child died with its group

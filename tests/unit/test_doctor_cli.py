@@ -63,6 +63,7 @@ def test_only_runs_the_named_classes(tmp_path):
         (["--run-commands"], "--run-commands needs --root"),
         (["--limit", "n1"], "--limit needs -i INVENTORY"),
         (["--become"], "--become needs -i INVENTORY"),
+        (["--deadline", "5"], "--deadline needs -i INVENTORY"),
         (["-i", "inv.yml", "--root", "/tmp"], "--root is for one node"),
         (["-i", "inv.yml", "--address", "10.0.0.1"], "--address is for one node"),
         (["--json", "/no/such/dir/r.json"], "folder /no/such/dir does not exist"),
