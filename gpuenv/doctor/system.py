@@ -79,7 +79,7 @@ def real_runner(deadline_s: float = COMMAND_DEADLINE_S) -> Runner:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-            return CmdOut(None, stderr=f"{argv[0]} did not finish within {deadline_s:.0f} s")
+            return CmdOut(None, stderr=f"{argv[0]} did not finish within {deadline_s:g} s")
         return CmdOut(proc.returncode, out, err)
 
     return run
