@@ -279,7 +279,8 @@ def module_flavour(system: System) -> Verdict:
 
 _SB_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
 _KLOG_RE = re.compile(
-    r"module verification failed|Loading of unsigned module is rejected|"
+    r"module verification failed|Loading of (?:unsigned )?module (?:with unavailable key )?is "
+    r"rejected|"
     r"Lockdown:.*unsigned module|Key was rejected by service|Required key not available",
     re.IGNORECASE,
 )
@@ -327,11 +328,22 @@ def secure_boot(system: System) -> Verdict:
     if unsigned:
         evidence.append("modinfo -F signer nvidia: (empty) - the module file is not signed")
     rejected = [ln.strip() for ln in log or [] if _KLOG_RE.search(ln)]
+    if loaded_module(system) is not None:
+        # Loaded means accepted: a refusal that does not name nvidia was another module's.
+        rejected = [ln for ln in rejected if "nvidia" in ln.lower()]
     evidence += [f"{log_source}: {ln}" for ln in rejected[-3:]]
     taint = (system.read("/sys/module/nvidia/taint") or "").strip()
     if "E" in taint:
         evidence.append(f"/sys/module/nvidia/taint: {taint} (E: unsigned module loaded)")
     facts["signer"] = signer.stdout.strip() if signer.ok else None
+    if not (unsigned or rejected) and log is None and loaded_module(system) is None:
+        # A signed module whose key is not enrolled is refused too; only the log says so.
+        return skipped(
+            4,
+            f"Secure Boot on and the nvidia module not loaded, but the {log_source} "
+            "(not root?): cannot tell whether the kernel refused it",
+            **facts,
+        )
     verdict = Verdict(4, facts=facts)
     if not (unsigned or rejected):
         return verdict

@@ -377,3 +377,32 @@ def test_real_runner_kills_the_whole_group_at_the_deadline(tmp_path):
     assert time.monotonic() - start < 3
     time.sleep(1.2)
     assert not marker.exists()  # the background child died with its group
+
+
+def test_secure_boot_without_a_kernel_log_and_no_module_loaded_is_a_skip(tmp_path):
+    root = node(tmp_path)
+    (root / "cmd/dmesg.out").unlink()
+    assert not diagnose(root)[4].skip  # loaded: the kernel accepted it
+    (root / "proc/driver/nvidia/version").unlink()
+    (root / "sys/module/nvidia/version").unlink()
+    assert "cannot tell whether the kernel refused it" in diagnose(root)[4].skip
+
+
+def test_signed_module_whose_key_was_rejected_is_named(tmp_path):
+    root = node(tmp_path)
+    (root / "proc/driver/nvidia/version").unlink()
+    (root / "sys/module/nvidia/version").unlink()
+    with open(root / "cmd/dmesg.out", "a") as fh:
+        fh.write("[    8.2] Loading of module with unavailable key is rejected\n")
+        fh.write(
+            "[    8.3] modprobe: ERROR: could not insert 'nvidia': Key was rejected by service\n"
+        )
+    (f,) = diagnose(root)[4].findings
+    assert any("Key was rejected by service" in e for e in f.evidence)
+
+
+def test_another_modules_refusal_is_not_blamed_on_a_loaded_nvidia(tmp_path):
+    root = node(tmp_path)
+    with open(root / "cmd/dmesg.out", "a") as fh:
+        fh.write("[   20.1] Loading of unsigned module is rejected\n")
+    assert not diagnose(root)[4].findings
