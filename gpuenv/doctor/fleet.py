@@ -10,6 +10,7 @@ Result per class and node, plus an ERROR per node that gave no report.
 from __future__ import annotations
 
 import shlex
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,9 +27,18 @@ class Fleet:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
 
 
+def peer_address(address: str) -> str:
+    """A name resolved here, as the other nodes would (a node may map its own name to
+    127.0.1.1 in /etc/hosts); an address, or a name that does not resolve, as it is."""
+    try:
+        return socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, UnicodeError, IndexError):
+        return address
+
+
 def node_command(host: Host, only: Sequence[int] | None, become: bool) -> str:
     argv = [host.python, "-m", "gpuenv", "doctor", "--json", "-", "--node", host.name]
-    argv += ["--address", host.rendezvous_address]
+    argv += ["--address", peer_address(host.rendezvous_address)]
     if only:
         argv += ["--only", ",".join(str(n) for n in only)]
     command = shlex.join(argv)

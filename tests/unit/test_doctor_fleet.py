@@ -66,3 +66,11 @@ def test_fleet_runs_doctor_on_a_local_node_for_real(tmp_path):
     assert "NCCL_P2P_DISABLE=1" in by["doctor.stray-env"].reason
     assert by["doctor.nccl-socket-ifname"].status is not Status.ERROR
     assert json.loads(got.outcomes["local1"].stdout)["node"] == "local1"
+
+
+def test_node_names_are_resolved_on_the_controller():
+    host = Host("n1", "localhost", "localhost")
+    command = fleet.node_command(host, None, False)
+    assert "--address 127.0.0.1" in command or "--address ::1" in command
+    odd = Host("n2", "10.0.0.2", "no-such-host.invalid")
+    assert "--address no-such-host.invalid" in fleet.node_command(odd, [8], False)
