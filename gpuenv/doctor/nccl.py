@@ -161,7 +161,15 @@ def nccl_libraries(system: System) -> Verdict:
         k: v for k, v in loaded.items() if isinstance(v, dict) and v.get("version") is not None
     }
     if not libs and not frameworks:
-        return skipped(9, "no NCCL on this node (ld cache, LD_LIBRARY_PATH, site-packages)")
+        # facts for the comparison: on a cluster whose other nodes have NCCL, it is a fault
+        return skipped(
+            9,
+            "no NCCL on this node (ld cache, LD_LIBRARY_PATH, site-packages)",
+            libraries=[],
+            torch=None,
+            system=None,
+            plugins=[],
+        )
     cached = [lib for lib in libs if lib["via"] == "ld cache"]
     system_versions = sorted({lib["version"] for lib in cached})
     facts: dict[str, Any] = {
@@ -240,7 +248,7 @@ def _odd(values: Mapping[str, Any]) -> tuple[Any, list[str]]:
 
 def compare(verdicts: Mapping[str, Verdict]) -> None:
     """Add, on each node that differs from the others, a finding naming the difference."""
-    live = {n: v for n, v in verdicts.items() if not v.skip}
+    live = {n: v for n, v in verdicts.items() if "system" in v.facts}
     if len(live) < 2:
         return
     for key, what in (
@@ -255,6 +263,7 @@ def compare(verdicts: Mapping[str, Verdict]) -> None:
         for node in odd:
             mine = values[node]
             others = ", ".join(f"{n}: {_show(values[n])}" for n in sorted(values) if n != node)
+            live[node].skip = ""  # a node with no NCCL at all differs too
             live[node].findings.append(
                 Finding(
                     9,

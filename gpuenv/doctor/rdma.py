@@ -40,7 +40,8 @@ def rdma_mode(system: System) -> tuple[str, list[str]]:
 def gpudirect_rdma(system: System) -> Verdict:
     hcas = system.listdir("/sys/class/infiniband")
     if not hcas:
-        return skipped(7, "no RDMA device (/sys/class/infiniband is empty)")
+        # a fact for the comparison: on a cluster whose other nodes have RDMA, it is a fault
+        return skipped(7, "no RDMA device (/sys/class/infiniband is empty)", mode="no-device")
     if not pci.gpus(system):
         return skipped(7, "no NVIDIA GPU on the PCI bus")
     if loaded_module(system) is None:
@@ -62,25 +63,38 @@ def gpudirect_rdma(system: System) -> Verdict:
 
 
 def compare(verdicts: Mapping[str, Verdict]) -> None:
-    """Name, on each node without GPUDirect RDMA, the nodes that have it."""
-    modes = {n: v.facts.get("mode") for n, v in verdicts.items() if not v.skip}
+    """Name, on each node without GPUDirect RDMA (or without any RDMA device), the nodes that
+    have it."""
+    modes = {n: v.facts.get("mode") for n, v in verdicts.items()}
     on = sorted(n for n, m in modes.items() if m in ("peermem", "dma-buf"))
     if not on:
         return
     peers = ", ".join(f"{n} ({modes[n]})" for n in on)
     for node, mode in modes.items():
-        if mode != "off":
-            continue
         v = verdicts[node]
-        v.findings = [
-            Finding(
-                7,
-                f"GPUDirect RDMA is off on {node} but on on {', '.join(on)}",
-                f.cause + f"; the whole job runs at {node}'s speed",
-                (*f.evidence, f"on the other nodes: {peers}"),
-                f.fixes,
-            )
-            if f.cls == 7
-            else f
-            for f in v.findings
-        ]
+        if mode == "off":
+            v.findings = [
+                Finding(
+                    7,
+                    f"GPUDirect RDMA is off on {node} but on on {', '.join(on)}",
+                    f.cause + f"; the whole job runs at {node}'s speed",
+                    (*f.evidence, f"on the other nodes: {peers}"),
+                    f.fixes,
+                )
+                if f.cls == 7
+                else f
+                for f in v.findings
+            ]
+        elif mode == "no-device":
+            v.skip = ""
+            v.findings.append(
+                Finding(
+                    7,
+                    f"no RDMA device on {node} but GPUDirect RDMA on {', '.join(on)}",
+                    f"{node} talks to the other nodes over TCP: the whole job runs at its "
+                    "speed",
+                    ("/sys/class/infiniband is empty", f"on the other nodes: {peers}"),
+                    ("check the NIC and its driver: lspci | grep -i -e mellanox -e infiniband; "
+                     "modprobe mlx5_ib; ibv_devices",),
+                )
+            )  # fmt: skip

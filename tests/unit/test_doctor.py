@@ -406,3 +406,33 @@ def test_another_modules_refusal_is_not_blamed_on_a_loaded_nvidia(tmp_path):
     with open(root / "cmd/dmesg.out", "a") as fh:
         fh.write("[   20.1] Loading of unsigned module is rejected\n")
     assert not diagnose(root)[4].findings
+
+
+def test_cross_node_a_node_without_any_rdma_device_is_named(tmp_path):
+    roots = {n: node(tmp_path, None, n) for n in ("n1", "n2", "n3")}
+    (roots["n3"] / "sys/class/infiniband/mlx5_0").unlink()
+    by_node = {n: engine.diagnose(fixture(r), ADDRESS) for n, r in roots.items()}
+    engine.compare(by_node)
+    rdma = {n: next(v for v in vs if v.cls == 7) for n, vs in by_node.items()}
+    (f,) = rdma["n3"].findings
+    assert not rdma["n3"].skip
+    assert f.title == "no RDMA device on n3 but GPUDirect RDMA on n1, n2"
+    assert to_result("n3", rdma["n3"]).status is Status.FAIL
+
+
+def test_cross_node_a_node_without_any_nccl_is_named(tmp_path):
+    roots = {n: node(tmp_path, None, n) for n in ("n1", "n2", "n3")}
+    r = roots["n1"]
+    for path in ("usr/lib/x86_64-linux-gnu/libnccl.so.2", "usr/lib/x86_64-linux-gnu/libnccl-net.so",
+                 "opt/gpuenv/lib/python3.10/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                 "cmd/python-nccl.out"):  # fmt: skip
+        (r / path).unlink()
+    alone = engine.diagnose(fixture(r), ADDRESS, only=[9])[0]
+    assert alone.skip.startswith("no NCCL on this node")
+    by_node = {n: engine.diagnose(fixture(x), ADDRESS, only=[9]) for n, x in roots.items()}
+    engine.compare(by_node)
+    v = by_node["n1"][0]
+    assert not v.skip
+    titles = [f.title for f in v.findings]
+    assert "system NCCL on n1 (none) differs from the other nodes (2.27.7)" in titles
+    assert not by_node["n2"][0].findings
