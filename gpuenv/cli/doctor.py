@@ -32,6 +32,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--deadline",
         type=positive(float, "seconds > 0"),
+        metavar="SECONDS",
         help="with -i: deadline of each node's diagnosis (default 60)",
     )
     p.add_argument(
@@ -45,7 +46,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--address", help="this node's inventory address (for NCCL_SOCKET_IFNAME)")
     p.add_argument("--node", help="node name in the results (default: short host name)")
-    p.add_argument("--only", metavar="CLASSES", help="comma-separated class numbers or names")
+    p.add_argument(
+        "--only",
+        metavar="CLASSES",
+        help="comma-separated class numbers or names (1-10, e.g. 9,stray-env; docs/doctor.md)",
+    )
     p.add_argument("--json", metavar="FILE", help="write the JSON report ('-': stdout)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML")
     p.add_argument("-v", "--verbose", action="store_true", help="list the clean classes too")
