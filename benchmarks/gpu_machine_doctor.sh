@@ -10,7 +10,7 @@
 #
 #   OUT=/tmp/doctor-out benchmarks/gpu_machine_doctor.sh        (exit 0: every expectation held)
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-$PWD/doctor-gpu-out}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
@@ -19,6 +19,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 ADDR=$(hostname -I 2>/dev/null | awk '{print $1}')
 ADDR=${ADDR:-127.0.0.1}
+NODE=$(hostname -s 2>/dev/null || echo gpu-node)
 failed=0
 
 run() { # NAME EXPECTED_RC CHECK_THAT_MUST_FAIL(or -) -- command...
@@ -26,7 +27,7 @@ run() { # NAME EXPECTED_RC CHECK_THAT_MUST_FAIL(or -) -- command...
   shift 4
   local t0 t1 rc
   t0=$(date +%s.%N)
-  "$@" --address "$ADDR" --node "$(hostname -s)" -v \
+  "$@" --address "$ADDR" --node "$NODE" -v \
     --json "$OUT/$name.json" --junit "$OUT/$name.xml" >"$OUT/$name.txt" 2>&1
   rc=$?
   t1=$(date +%s.%N)
@@ -40,7 +41,10 @@ print(",".join(failed) or "-")
 EOF
 )
   local verdict=ok
-  [ "$rc" = "$want" ] && [ "$got" = "$check" ] || { verdict=UNEXPECTED; failed=1; }
+  if [ "$rc" != "$want" ] || [ "$got" != "$check" ]; then
+    verdict=UNEXPECTED
+    failed=1
+  fi
   printf 'RESULT %-16s exit %s (want %s)  failing: %s (want %s)  %.1f s  %s\n' \
     "$name" "$rc" "$want" "$got" "$check" "$(awk "BEGIN{print $t1 - $t0}")" "$verdict" | tee -a "$OUT/summary.txt"
 }
