@@ -96,7 +96,7 @@ class Verdict:
 
     ok: bool
     profile: str
-    node_kind: str  # "gpu" or "cpu"
+    node_kind: str  # "gpu" or "cpu"; "" where the run does not classify nodes (doctor)
     required: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # why it is not OK
     gpu_verified: bool = False
@@ -106,8 +106,8 @@ class Verdict:
             raise ValueError("an OK verdict cannot list problems")
         if not self.ok and not self.problems:
             raise ValueError("a verdict that is not OK must say why")
-        if self.node_kind not in ("gpu", "cpu"):
-            raise ValueError(f"node_kind must be 'gpu' or 'cpu', not {self.node_kind!r}")
+        if self.node_kind not in ("gpu", "cpu", ""):
+            raise ValueError(f"node_kind must be 'gpu', 'cpu' or '', not {self.node_kind!r}")
 
     @property
     def exit_code(self) -> int:

@@ -1,0 +1,122 @@
+"""Class 6: PCIe ACS on the bridges between GPUs (and between GPUs and NICs), and the IOMMU mode.
+
+With ACS source validation or request/completion redirect on, a PCIe switch port sends
+peer-to-peer traffic up to the root complex instead of straight across: GPU-to-GPU copies and
+GPUDirect RDMA slow down or hang (NCCL's troubleshooting guide). The bridges that matter for
+a pair of devices are those on their sysfs paths below the last bridge both paths share (two
+devices under different root ports meet in the root complex: their traffic goes up anyway).
+``lspci -vvv`` (root only) shows each bridge's ``ACSCtl`` flags.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+from gpuenv.doctor import pci
+from gpuenv.doctor.findings import Finding, Verdict, skipped
+from gpuenv.doctor.system import System
+
+_HEADER_RE = re.compile(r"^([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) (.*)$")
+_ON_FLAGS = ("SrcValid+", "ReqRedir+", "CmpltRedir+")
+
+
+def acs_controls(lspci_text: str) -> dict[str, tuple[str, str]]:
+    """{BDF: (description, ACSCtl flags)}; flags "<access denied>" when not root."""
+    out: dict[str, tuple[str, str]] = {}
+    bdf, desc = "", ""
+    for line in lspci_text.splitlines():
+        m = _HEADER_RE.match(line)
+        if m:
+            bdf, desc = m.groups()
+            continue
+        stripped = line.strip()
+        if bdf and stripped.startswith("ACSCtl:"):
+            out[bdf] = (desc, stripped[len("ACSCtl:") :].strip())
+        elif bdf and stripped == "Capabilities: <access denied>":
+            out[bdf] = (desc, "<access denied>")
+    return out
+
+
+def iommu_mode(system: System) -> tuple[str, str]:
+    cmdline = (system.read("/proc/cmdline") or "").split()
+    units = system.listdir("/sys/class/iommu")
+    if not units:
+        return "off", "/sys/class/iommu is empty"
+    passthrough = {"iommu=pt", "iommu.passthrough=1", "amd_iommu=pt"} & set(cmdline)
+    if passthrough:
+        return (
+            "passthrough",
+            f"/sys/class/iommu: {', '.join(units)}; /proc/cmdline: {passthrough.pop()}",
+        )
+    return "translated", f"/sys/class/iommu: {', '.join(units)}; no iommu=pt in /proc/cmdline"
+
+
+def path_bridges(devices: list[pci.Device]) -> dict[str, list[str]]:
+    """{bridge BDF: [the device pairs whose peer-to-peer path crosses it]}."""
+    crossing: dict[str, list[str]] = {}
+    for a, b in itertools.combinations(devices, 2):
+        if not (a.is_gpu or b.is_gpu):
+            continue
+        shared = 0
+        for x, y in zip(a.bridges, b.bridges, strict=False):
+            if x != y:
+                break
+            shared += 1
+        if shared == 0:
+            continue  # the paths meet in the root complex: the traffic goes up anyway
+        # Below the last shared bridge (a switch's upstream port) the ports forward between
+        # each other; ACS redirect there is what sends the traffic up instead.
+        below = {*a.bridges[shared:], *b.bridges[shared:]}
+        for bridge in below:
+            crossing.setdefault(bridge, []).append(f"{a.bdf}<->{b.bdf}")
+    return crossing
+
+
+def pcie_acs(system: System) -> Verdict:
+    devices = pci.devices(system)
+    endpoints = [d for d in devices if d.is_gpu or d.is_nic]
+    if not any(d.is_gpu for d in endpoints) or len(endpoints) < 2:
+        return skipped(6, "fewer than two GPUs/NICs with a GPU among them: no peer-to-peer path")
+    mode, mode_evidence = iommu_mode(system)
+    crossing = path_bridges(endpoints)
+    facts = {"iommu": mode, "path_bridges": sorted(crossing)}
+    if not crossing:
+        return Verdict(6, facts=facts)
+    out = system.run("lspci-vvv", ["lspci", "-D", "-vvv"])
+    if out.rc is None:
+        return skipped(6, out.why("lspci (pciutils)"), **facts)
+    controls = acs_controls(out.stdout)
+    if any(controls.get(b, ("", ""))[1] == "<access denied>" for b in crossing):
+        return skipped(6, "not run as root: lspci cannot read the bridges' ACS capability", **facts)
+    on = {
+        b: controls[b]
+        for b in sorted(crossing)
+        if b in controls and any(f in controls[b][1] for f in _ON_FLAGS)
+    }
+    facts["acs_on"] = sorted(on)
+    verdict = Verdict(6, facts=facts)
+    if not on:
+        return verdict
+    evidence = [f"lspci -vvv {b} ({desc}): ACSCtl: {flags}" for b, (desc, flags) in on.items()]
+    evidence += [f"{b} is on the path {', '.join(crossing[b][:3])}" for b in on]
+    evidence.append(f"IOMMU: {mode} ({mode_evidence})")
+    bdfs = ";".join(on)
+    verdict.findings.append(
+        Finding(
+            6,
+            f"PCIe ACS on between GPUs/NICs at {', '.join(on)} (IOMMU {mode})",
+            "ACS sends peer-to-peer PCIe traffic up to the root complex: GPU-to-GPU and "
+            "GPUDirect RDMA bandwidth drops or NCCL hangs",
+            tuple(evidence),
+            (
+                "BIOS: set PCIe ACS control to disabled (persistent; the vendor's PCIe/IIO menu)",
+                f"kernel parameter: add pci=disable_acs_redir={bdfs}"
+                + (" and iommu=pt" if mode == "translated" else "")
+                + " to GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub, reboot",
+                "until the next boot: "
+                + "; ".join(f"setpci -s {b} ECAP_ACS+0x6.w=0000" for b in on),
+            ),
+        )
+    )
+    return verdict

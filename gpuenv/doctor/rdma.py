@@ -1,0 +1,100 @@
+"""Class 7: GPUDirect RDMA must be available on every node that has RDMA NICs.
+
+NCCL moves GPU buffers straight to the NIC when the NIC driver can map GPU memory: either
+through the ``nvidia_peermem`` module (any driver flavour) or through dma-buf (the open
+kernel module on Linux 5.12 or later). Without either, every inter-node transfer is staged
+through host memory. A node that lacks it while its peers have it drags collectives down to
+its speed, so the modes are compared across nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpuenv.doctor import pci
+from gpuenv.doctor.driver import loaded_module, version_key
+from gpuenv.doctor.findings import Finding, Verdict, skipped
+from gpuenv.doctor.system import System
+
+_FIXES = (
+    "modprobe nvidia-peermem && echo nvidia-peermem > /etc/modules-load.d/nvidia-peermem.conf",
+    "or use dma-buf: the open NVIDIA kernel module on Linux >= 5.12 (NCCL_DMABUF_ENABLE=1)",
+)
+
+
+def rdma_mode(system: System) -> tuple[str, list[str]]:
+    modules = [ln.split()[0] for ln in (system.read("/proc/modules") or "").splitlines() if ln]
+    peer = [m for m in modules if m in ("nvidia_peermem", "nv_peer_mem")]
+    if peer:
+        return "peermem", [f"/proc/modules: {peer[0]} loaded"]
+    kernel = (system.read("/proc/sys/kernel/osrelease") or "").strip()
+    module = loaded_module(system)
+    evidence = ["/proc/modules: no nvidia_peermem"]
+    flavour = module.flavour if module else "none"
+    if flavour == "open" and version_key(kernel)[:2] >= (5, 12):
+        return "dma-buf", [*evidence, f"open kernel module on Linux {kernel}: dma-buf"]
+    evidence.append(f"no dma-buf: {flavour} kernel module on Linux {kernel} (needs open, >= 5.12)")
+    return "off", evidence
+
+
+def gpudirect_rdma(system: System) -> Verdict:
+    hcas = system.listdir("/sys/class/infiniband")
+    if not hcas:
+        # a fact for the comparison: on a cluster whose other nodes have RDMA, it is a fault
+        return skipped(7, "no RDMA device (/sys/class/infiniband is empty)", mode="no-device")
+    if not pci.gpus(system):
+        return skipped(7, "no NVIDIA GPU on the PCI bus")
+    if loaded_module(system) is None:
+        return skipped(7, "no NVIDIA kernel module loaded")
+    mode, evidence = rdma_mode(system)
+    verdict = Verdict(7, facts={"mode": mode, "rdma_devices": hcas})
+    if mode == "off":
+        verdict.findings.append(
+            Finding(
+                7,
+                "GPUDirect RDMA is off (no nvidia_peermem, no dma-buf)",
+                "NCCL stages every inter-node transfer through host memory: lower bandwidth, "
+                "more CPU load",
+                (f"RDMA devices: {', '.join(hcas)}", *evidence),
+                _FIXES,
+            )
+        )
+    return verdict
+
+
+def compare(verdicts: Mapping[str, Verdict]) -> None:
+    """Name, on each node without GPUDirect RDMA (or without any RDMA device), the nodes that
+    have it."""
+    modes = {n: v.facts.get("mode") for n, v in verdicts.items()}
+    on = sorted(n for n, m in modes.items() if m in ("peermem", "dma-buf"))
+    if not on:
+        return
+    peers = ", ".join(f"{n} ({modes[n]})" for n in on)
+    for node, mode in modes.items():
+        v = verdicts[node]
+        if mode == "off":
+            v.findings = [
+                Finding(
+                    7,
+                    f"GPUDirect RDMA is off on {node} but on on {', '.join(on)}",
+                    f.cause + f"; the whole job runs at {node}'s speed",
+                    (*f.evidence, f"on the other nodes: {peers}"),
+                    f.fixes,
+                )
+                if f.cls == 7
+                else f
+                for f in v.findings
+            ]
+        elif mode == "no-device":
+            v.skip = ""
+            v.findings.append(
+                Finding(
+                    7,
+                    f"no RDMA device on {node} but GPUDirect RDMA on {', '.join(on)}",
+                    f"{node} talks to the other nodes over TCP: the whole job runs at its "
+                    "speed",
+                    ("/sys/class/infiniband is empty", f"on the other nodes: {peers}"),
+                    ("check the NIC and its driver: lspci | grep -i -e mellanox -e infiniband; "
+                     "modprobe mlx5_ib; ibv_devices",),
+                )
+            )  # fmt: skip
