@@ -19,13 +19,16 @@ def profile_names(thresholds: Mapping[str, Any]) -> list[str]:
     return list(thresholds.get("profiles", {}))
 
 
-def requirements(thresholds: Mapping[str, Any], profile: str, gpu_node: bool) -> list[str] | None:
-    """The checks ``profile`` requires on this kind of node; None: not a profile for it."""
+def requirements(
+    thresholds: Mapping[str, Any], profile: str, gpu_node: bool, scope: str = "node"
+) -> list[str] | None:
+    """The checks ``profile`` requires on this kind of node (``scope`` node) or on a cluster of
+    such nodes (``scope`` cluster); None: the profile is not for it."""
     profiles = thresholds.get("profiles", {})
     if profile not in profiles:
         raise BadInput(f"--profile {profile}: unknown profile; known: {', '.join(profiles)}")
     requires = profiles[profile].get("requires", {})
-    names = requires.get("gpu_node" if gpu_node else "cpu_node")
+    names = requires.get(f"{'gpu' if gpu_node else 'cpu'}_{scope}")
     return None if names is None else [str(n) for n in names]
 
 
@@ -38,7 +41,8 @@ def assess(
     expect_gpus: int | None = None,
 ) -> Verdict:
     """Apply the rules to one node's results."""
-    gpu_node = bool(node.gpus or node.pci_gpus or expect_gpus)
+    # The user's count wins over what the bus shows (a lab container sees its host's bus).
+    gpu_node = expect_gpus > 0 if expect_gpus is not None else bool(node.gpus or node.pci_gpus)
     kind = "gpu" if gpu_node else "cpu"
     by_name = {r.check: r for r in results}
     problems = [f"{r.check} {r.status.value}: {r.reason}" for r in results if r.status.failed]

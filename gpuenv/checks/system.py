@@ -221,7 +221,13 @@ def judge(
                 versions=versions,
                 details=pci_note,
             )
-        bus = "no NVIDIA GPU on the PCI bus" if pci is not None else "PCI bus not readable"
+        bus = (
+            f"--expect-gpus 0 (the PCI bus shows {len(on_bus)})"
+            if on_bus
+            else "no NVIDIA GPU on the PCI bus"
+            if pci is not None
+            else "PCI bus not readable"
+        )
         return Result(
             NAME,
             ctx.node,

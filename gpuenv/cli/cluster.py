@@ -39,7 +39,13 @@ def register(subparsers: Any) -> None:
         "DDP and MPI across nodes, and isolate bad nodes. Exit 0 when the run is OK by its "
         "profile's rules, 1 when not, 2 on bad input (nothing launched).",
     )
-    p.add_argument("-i", "--inventory", required=True, help="Ansible inventory (file or folder)")
+    p.add_argument(
+        "-i",
+        "--inventory",
+        required=True,
+        action="append",
+        help="Ansible inventory source (file, folder, plugin); repeat for several, as ansible does",
+    )
     p.add_argument("-l", "--limit", help="Ansible host pattern restricting the nodes")
     p.add_argument("--json", metavar="FILE", help="write the cluster report as JSON ('-': stdout)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testsuite per node)")

@@ -47,16 +47,22 @@ class Host:
     # Why this node cannot be reached at all (its name does not resolve): it is reported as a
     # failed `reach` by name, and the other nodes are validated without it.
     problem: str | None = None
+    # How many GPUs the node must have (gpuenv_expect_gpus); None: as many as its PCI bus shows.
+    expect_gpus: int | None = None
 
 
-def _ansible_inventory(inventory: str, limit: str | None, export: bool = False) -> dict[str, Any]:
+def _ansible_inventory(
+    inventory: str | Sequence[str], limit: str | None, export: bool = False
+) -> dict[str, Any]:
     exe = shutil.which("ansible-inventory")
     if exe is None:
         raise EnvironmentProblem(
             "ansible-inventory not found on PATH: "
             "install the controller extra (pip install 'gpuenv[controller]')"
         )
-    argv = [exe, "-i", inventory, "--list"]
+    sources = [inventory] if isinstance(inventory, str) else list(inventory)
+    argv = [exe, *(w for src in sources for w in ("-i", src)), "--list"]
+    inventory = ", ".join(sources)
     if limit:
         argv += ["--limit", limit]
     if export:
@@ -156,6 +162,9 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
     if not isinstance(env, Mapping):
         raise BadInput(f"host {name}: gpuenv_cluster_env must be a mapping of variable: value")
     python = str(hv.get("gpuenv_cluster_python") or "python3")
+    expect = hv.get("gpuenv_expect_gpus")
+    if expect is not None and (type(expect) is not int or expect < 0):
+        raise BadInput(f"host {name}: gpuenv_expect_gpus must be a number >= 0, not {expect!r}")
     rendezvous = str(hv.get("gpuenv_cluster_address") or ("127.0.0.1" if local else address))
     hostfile = str(hv.get("gpuenv_cluster_hostfile") or hv.get("mpi_hostfile") or DEFAULT_HOSTFILE)
     if local:
@@ -167,6 +176,7 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
             python=python,
             env={str(k): str(v) for k, v in env.items()},
             hostfile=hostfile,
+            expect_gpus=expect,
         )
     problem = None if _resolves(address) else f"address {address!r} does not resolve"
     try:
@@ -228,17 +238,21 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
         become_user=None if cluster_user == user else cluster_user,
         hostfile=hostfile,
         problem=problem,
+        expect_gpus=expect,
     )
 
 
-def load(inventory: str, limit: str | None = None) -> list[Host]:
-    """The inventory's hosts (restricted to ``limit``), first host first; BadInput when unusable."""
-    path = Path(inventory)
-    if not path.exists():
-        raise BadInput(f"inventory {inventory} does not exist")
+def load(inventory: str | Sequence[str], limit: str | None = None) -> list[Host]:
+    """The hosts of one inventory source or several (as ``ansible-playbook -i A -i B`` reads
+    them), restricted to ``limit``, first host first; BadInput when unusable."""
+    sources = [inventory] if isinstance(inventory, str) else list(inventory)
+    for source in sources:
+        if not Path(source).exists():
+            raise BadInput(f"inventory {source} does not exist")
+    inventory = ", ".join(sources)
+    data = _ansible_inventory(sources, limit)
     # One ansible-inventory call: with --limit its output still lists every group (as a child
     # of another), so an empty group and a pattern that matches nothing can be told apart.
-    data = _ansible_inventory(inventory, limit)
     groups = _groups(data)
     hostvars: Mapping[str, Mapping[str, Any]] = data.get("_meta", {}).get("hostvars", {})
     names = _hosts_in(data, "all")

@@ -141,6 +141,8 @@ def probe_stage(state: State) -> None:
 def check_stage(state: State) -> None:
     def command(h: Host) -> str:
         argv = [h.python, "-m", "gpuenv", "check", "--json", "-", "--node", h.name]
+        if h.expect_gpus is not None:
+            argv += ["--expect-gpus", str(h.expect_gpus)]
         return launch.as_user(h, shlex.join([*argv, *state.opts.check_args]))
 
     outcomes = state.fan_out(state.alive, command, "gpuenv check")

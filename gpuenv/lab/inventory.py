@@ -53,6 +53,10 @@ def render_hosts(inv: LabInventory, paths: LabPaths) -> str:
                 "gpuenv_lab_distro": inv.distro,
                 "gpuenv_lab_apt_proxy": APT_PROXY_URL,
                 "gpuenv_lab_wheelhouse_url": WHEELHOUSE_URL,
+                # Lab nodes are containers without GPUs (they may see their host's PCI bus):
+                # validate them as CPU-only nodes, and say so in the verdict.
+                "gpuenv_expect_gpus": 0,
+                "validate_profile": "cpu",
             },
         }
     }

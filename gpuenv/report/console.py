@@ -30,7 +30,7 @@ def skips_by_reason(results: Sequence[Result]) -> dict[str, list[str]]:
     return groups
 
 
-def verdict_line(verdict: Verdict) -> Text:
+def verdict_line(verdict: Verdict, scope: str = "node") -> Text:
     """The last line of every run: OK or not, the profile, and whether a GPU was verified."""
     words = Text("OK", "bold green") if verdict.ok else Text("NOT OK", "bold red")
     gpu = (
@@ -38,7 +38,7 @@ def verdict_line(verdict: Verdict) -> Text:
         if verdict.gpu_verified
         else Text("no GPU verified", "bold yellow")
     )
-    where = f"profile {verdict.profile}, {verdict.node_kind} node"
+    where = f"profile {verdict.profile}, {verdict.node_kind} {scope}"
     return Text.assemble("verdict: ", words, f"  ({where}; ", gpu, ")")
 
 
@@ -114,4 +114,4 @@ def print_cluster_summary(report: ClusterReport, console: Console) -> None:
         markup=False,
         highlight=False,
     )
-    console.print(verdict_line(verdict))
+    console.print(verdict_line(verdict, "cluster"))

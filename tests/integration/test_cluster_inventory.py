@@ -164,3 +164,19 @@ def test_cli_bad_inventory_exits_2_and_launches_nothing(tmp_path, monkeypatch, c
     with pytest.raises(SystemExit) as exc:
         main(["cluster", "-i", good, "--deadline", "-1"])
     assert exc.value.code == 2
+
+
+def test_several_sources_and_the_expected_gpu_count(tmp_path):
+    """`gpuenv cluster -i A -i B` reads both, as ansible-playbook does; gpuenv_expect_gpus is
+    checked and carried to the node's check."""
+    first = write(tmp_path, "all:\n  hosts:\n    a: {ansible_connection: local}\n", "a.yml")
+    second = write(
+        tmp_path,
+        "all:\n  hosts:\n    b: {ansible_connection: local, gpuenv_expect_gpus: 0}\n",
+        "b.yml",
+    )
+    a, b = inventory.load([first, second])
+    assert (a.name, a.expect_gpus, b.name, b.expect_gpus) == ("a", None, "b", 0)
+    bad = write(tmp_path, "all:\n  hosts:\n    c: {ansible_connection: local, gpuenv_expect_gpus: x}\n")
+    with pytest.raises(BadInput, match="gpuenv_expect_gpus must be a number >= 0"):
+        inventory.load(bad)
