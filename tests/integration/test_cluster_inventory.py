@@ -177,6 +177,11 @@ def test_several_sources_and_the_expected_gpu_count(tmp_path):
     )
     a, b = inventory.load([first, second])
     assert (a.name, a.expect_gpus, b.name, b.expect_gpus) == ("a", None, "b", 0)
-    bad = write(tmp_path, "all:\n  hosts:\n    c: {ansible_connection: local, gpuenv_expect_gpus: x}\n")
+    bad = write(
+        tmp_path,
+        "all:\n  hosts:\n    c: {ansible_connection: local, gpuenv_expect_gpus: x}\n".replace(
+            "local, ", "local,\n        "
+        ),
+    )
     with pytest.raises(BadInput, match="gpuenv_expect_gpus must be a number >= 0"):
         inventory.load(bad)
