@@ -41,8 +41,17 @@ gpuenv lab status
 echo "demo: ansible-playbook site.yml -i inventory/lab/hosts.yml ${extra[*]}"
 t0=$SECONDS
 if ansible-playbook site.yml -i inventory/lab/hosts.yml "${extra[@]}"; then
-  echo "demo: OK: site.yml converged and validated the ${nodes}-node lab in $((SECONDS - t0))s"
+  echo "demo: site.yml converged and validated the ${nodes}-node lab in $((SECONDS - t0))s"
   echo "demo: try: gpuenv lab ssh node1   |   tear down: gpuenv lab down"
+  # The verdict of the validate stage, from its report: the lab's nodes have no GPU, and the
+  # last line says so.
+  python - <<'PY'
+import json
+v = json.load(open("reports/validate/cluster.json"))["verdict"]
+gpu = "GPUs verified" if v["gpu_verified"] else "no GPU verified"
+print(f"demo: OK: profile {v['profile']} ({v['node_kind']}-only nodes), required"
+      f" {', '.join(v['required'])} passed; {gpu}")
+PY
 else
   rc=$?
   echo "demo: FAILED: site.yml exited $rc after $((SECONDS - t0))s (the recap above names the host and task)" >&2
