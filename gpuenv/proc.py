@@ -273,3 +273,36 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit code {code}"
+
+
+@dataclass
+class Captured:
+    returncode: int | None  # None: it did not finish by the deadline (and was killed)
+    stdout: str
+    stderr: str
+
+
+def capture(
+    argv: Sequence[str], deadline_s: float, env: Mapping[str, str] | None = None
+) -> Captured:
+    """Run a short command in a new session, its output kept apart; at the deadline the whole
+    session is killed. For commands whose output is small (a probe's reading of the node)."""
+    child = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(env) if env is not None else None,
+        start_new_session=True,
+    )
+    try:
+        out, err = child.communicate(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        kill_session(child.pid, grace_s=0.0, reap=child.poll)
+        out, err = child.communicate()
+        return Captured(None, out, err)
+    except BaseException:
+        kill_session(child.pid, grace_s=0.0, reap=child.poll)
+        raise
+    return Captured(child.returncode, out, err)

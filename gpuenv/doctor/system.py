@@ -11,15 +11,14 @@ Standard library only: this module runs on nodes where the controller's packages
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import shutil
-import signal
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpuenv import proc
 
 COMMAND_DEADLINE_S = 60.0
 
@@ -60,27 +59,16 @@ def real_runner(deadline_s: float = COMMAND_DEADLINE_S) -> Runner:
 
     def run(_name: str, argv: Sequence[str]) -> CmdOut:
         try:
-            proc = subprocess.Popen(
-                [_which(argv[0]), *argv[1:]],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                env={**os.environ, "LC_ALL": "C"},
-                start_new_session=True,
+            done = proc.capture(
+                [_which(argv[0]), *argv[1:]], deadline_s, {**os.environ, "LC_ALL": "C"}
             )
         except FileNotFoundError:
             return CmdOut(None, stderr=f"{argv[0]} not installed")
         except OSError as exc:
             return CmdOut(None, stderr=f"{argv[0]}: {exc}")
-        try:
-            out, err = proc.communicate(timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        if done.returncode is None:
             return CmdOut(None, stderr=f"{argv[0]} did not finish within {deadline_s:g} s")
-        return CmdOut(proc.returncode, out, err)
+        return CmdOut(done.returncode, done.stdout, done.stderr)
 
     return run
 

@@ -80,3 +80,15 @@ def test_line_follower_keeps_a_partial_line_until_it_ends(tmp_path):
 def test_describe_exit():
     assert proc.describe_exit(None) == "no exit status"
     assert proc.describe_exit(3) == "exit code 3"
+
+
+def test_capture_keeps_the_streams_apart_and_kills_at_the_deadline():
+    done = proc.capture(
+        [sys.executable, "-c", "import sys; print('o'); print('e', file=sys.stderr)"], 10
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "o\n", "e\n")
+    t0 = time.monotonic()
+    hung = proc.capture(
+        [sys.executable, "-c", "import time; print('x', flush=True); time.sleep(600)"], 1
+    )
+    assert hung.returncode is None and time.monotonic() - t0 < 5
