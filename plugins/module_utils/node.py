@@ -27,6 +27,20 @@ PCI_DEVICES = "/sys/bus/pci/devices"
 NVIDIA_VENDOR = "0x10de"
 
 
+# The option every reading module has (doc fragment gpuenv.cluster.node).
+PACKAGES_OPTION = {"packages": {"type": "list", "elements": "str", "default": []}}
+
+
+def exit_with_reading(
+    module_class: Any, argument_spec: dict, read: Callable[[Run, dict], dict]
+) -> None:
+    """Run a reading module: parse its options (plus packages), read, exit with changed=False."""
+    module = module_class(
+        argument_spec={**argument_spec, **PACKAGES_OPTION}, supports_check_mode=True
+    )
+    module.exit_json(changed=False, **read(command_runner(module), module.params))
+
+
 def command_runner(module: Any) -> Run:
     """A Run that starts commands through the module's run_command, each under a deadline."""
     timeout = module.get_bin_path("timeout", required=True)

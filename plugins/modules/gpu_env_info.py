@@ -39,11 +39,7 @@ options:
     description: The file naming the gpuenv build the virtual environment holds.
     type: path
     required: true
-  packages:
-    description: Debian packages whose installed state to report.
-    type: list
-    elements: str
-    default: []
+extends_documentation_fragment: [gpuenv.cluster.node]
 author: gpuenv contributors
 """
 
@@ -91,8 +87,8 @@ import re
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuenv.cluster.plugins.module_utils.node import (
     Run,
-    command_runner,
     distributions,
+    exit_with_reading,
     installed,
     pci_gpus,
     read_text,
@@ -128,19 +124,15 @@ def read(run: Run, params: dict) -> dict:
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "count_gpus": {"type": "bool", "default": False},
-            "cuda_home": {"type": "str", "default": ""},
-            "cuda_home_candidates": {"type": "list", "elements": "str", "default": []},
-            "read_nvcc": {"type": "bool", "default": False},
-            "venv": {"type": "path", "required": True},
-            "marker": {"type": "path", "required": True},
-            "packages": {"type": "list", "elements": "str", "default": []},
-        },
-        supports_check_mode=True,
-    )
-    module.exit_json(changed=False, **read(command_runner(module), module.params))
+    spec = {
+        "count_gpus": {"type": "bool", "default": False},
+        "cuda_home": {"type": "str", "default": ""},
+        "cuda_home_candidates": {"type": "list", "elements": "str", "default": []},
+        "read_nvcc": {"type": "bool", "default": False},
+        "venv": {"type": "path", "required": True},
+        "marker": {"type": "path", "required": True},
+    }
+    exit_with_reading(AnsibleModule, spec, read)
 
 
 if __name__ == "__main__":

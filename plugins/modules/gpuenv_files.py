@@ -81,6 +81,22 @@ options:
 author: gpuenv
 """
 
+EXAMPLES = r"""
+- name: Write the MCA settings and the hostfile
+  gpuenv.cluster.gpuenv_files:
+    directories:
+      - path: /etc/gpuenv
+    files:
+      - path: /etc/gpuenv/mpi-hostfile
+        content: "{{ lookup('ansible.builtin.template', 'hostfile.j2') }}"
+    blocks:
+      - path: /etc/openmpi/openmpi-mca-params.conf
+        marker: "# {mark} gpuenv mpi role"
+        block: |
+          btl_tcp_if_include = eth0
+  register: written
+"""
+
 RETURN = r"""
 changed_paths:
   description: Paths created or modified, in the order they were handled.

@@ -24,11 +24,7 @@ options:
     description: The local fact file holding the last recorded answer.
     type: path
     required: true
-  packages:
-    description: Debian packages whose installed state to report.
-    type: list
-    elements: str
-    default: []
+extends_documentation_fragment: [gpuenv.cluster.node]
 author: gpuenv contributors
 """
 
@@ -68,7 +64,7 @@ import shutil
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuenv.cluster.plugins.module_utils.node import (
     Run,
-    command_runner,
+    exit_with_reading,
     installed,
 )
 
@@ -137,15 +133,11 @@ def read(run: Run, params: dict) -> dict:
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "count_gpus": {"type": "bool", "default": False},
-            "fact_file": {"type": "path", "required": True},
-            "packages": {"type": "list", "elements": "str", "default": []},
-        },
-        supports_check_mode=True,
-    )
-    module.exit_json(changed=False, **read(command_runner(module), module.params))
+    spec = {
+        "count_gpus": {"type": "bool", "default": False},
+        "fact_file": {"type": "path", "required": True},
+    }
+    exit_with_reading(AnsibleModule, spec, read)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,7 @@ options:
     description: Also look in the Python that runs the module (the node's own).
     type: bool
     default: false
-  packages:
-    description: Debian packages whose installed state to report.
-    type: list
-    elements: str
-    default: []
+extends_documentation_fragment: [gpuenv.cluster.node]
 author: gpuenv contributors
 """
 
@@ -71,8 +67,8 @@ import importlib.metadata
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuenv.cluster.plugins.module_utils.node import (
     Run,
-    command_runner,
     distributions,
+    exit_with_reading,
     installed,
     normalize,
 )
@@ -110,16 +106,12 @@ def read(run: Run, params: dict) -> dict:
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "names": {"type": "list", "elements": "str", "required": True},
-            "prefixes": {"type": "list", "elements": "path", "default": []},
-            "interpreter": {"type": "bool", "default": False},
-            "packages": {"type": "list", "elements": "str", "default": []},
-        },
-        supports_check_mode=True,
-    )
-    module.exit_json(changed=False, **read(command_runner(module), module.params))
+    spec = {
+        "names": {"type": "list", "elements": "str", "required": True},
+        "prefixes": {"type": "list", "elements": "path", "default": []},
+        "interpreter": {"type": "bool", "default": False},
+    }
+    exit_with_reading(AnsibleModule, spec, read)
 
 
 if __name__ == "__main__":

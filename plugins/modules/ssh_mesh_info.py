@@ -31,11 +31,7 @@ options:
         the key exists.
     type: str
     default: ""
-  packages:
-    description: Debian packages whose installed state to report.
-    type: list
-    elements: str
-    default: []
+extends_documentation_fragment: [gpuenv.cluster.node]
 author: gpuenv contributors
 """
 
@@ -82,7 +78,7 @@ import pwd
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuenv.cluster.plugins.module_utils.node import (
     Run,
-    command_runner,
+    exit_with_reading,
     installed,
 )
 
@@ -160,17 +156,13 @@ def read(run: Run, params: dict) -> dict:
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "user": {"type": "str", "required": True},
-            "service": {"type": "str", "required": True},
-            "key_name": {"type": "str", "required": True, "no_log": False},
-            "key_blob": {"type": "str", "default": "", "no_log": False},
-            "packages": {"type": "list", "elements": "str", "default": []},
-        },
-        supports_check_mode=True,
-    )
-    module.exit_json(changed=False, **read(command_runner(module), module.params))
+    spec = {
+        "user": {"type": "str", "required": True},
+        "service": {"type": "str", "required": True},
+        "key_name": {"type": "str", "required": True, "no_log": False},
+        "key_blob": {"type": "str", "default": "", "no_log": False},
+    }
+    exit_with_reading(AnsibleModule, spec, read)
 
 
 if __name__ == "__main__":

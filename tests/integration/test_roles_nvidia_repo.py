@@ -1,8 +1,8 @@
 """NVIDIA's repository entry: rendered with the overridable URL and signed-by, and a download
 failure names the URL. NVIDIA's repository is not reachable from CI, so the tests serve a
-stand-in key on 127.0.0.1 and run the repository tasks of the shared apt role (gpuenv.cluster.apt_pin,
-asked with its one dictionary as the GPU stack roles ask it) in check mode: nothing changes on this
-machine; check mode still makes get_url probe the URL.
+stand-in key on 127.0.0.1 and run the repository tasks of the shared apt role
+(gpuenv.cluster.apt_pin, asked with its one dictionary as the GPU stack roles ask it) in check
+mode: nothing changes on this machine; check mode still makes get_url probe the URL.
 """
 
 from __future__ import annotations
