@@ -26,6 +26,7 @@ ssh_probe = importlib.import_module(f"{PLUGINS}.modules.ssh_mesh_info")
 mpi_probe = importlib.import_module(f"{PLUGINS}.modules.mpi_info")
 env_probe = importlib.import_module(f"{PLUGINS}.modules.gpu_env_info")
 packages_probe = importlib.import_module(f"{PLUGINS}.modules.python_packages_info")
+driver_probe = importlib.import_module(f"{PLUGINS}.modules.nvidia_driver_info")
 unsatisfied = importlib.import_module(f"{PLUGINS}.filter.gpu_env").gpu_env_unsatisfied
 
 
@@ -231,3 +232,25 @@ def test_node_commands_have_a_deadline() -> None:
     assert run(["no-such-command-gpuenv"]) == (127, "")
     assert run(["echo", "ok"]) == (0, "ok\n")
     assert module.argvs[-1] == ["/usr/bin/timeout", "-k", "5", "60", "echo", "ok"]
+
+
+def test_driver_probe_prefers_the_loaded_module(tmp_path: Path) -> None:
+    version = tmp_path / "version"
+    version.write_text("550.163.01\n")
+    assert driver_probe.driver(no_commands, 30, str(version)) == {"module": "550.163.01", "smi": ""}
+
+
+def test_driver_probe_asks_nvidia_smi_without_a_module_under_its_deadline(tmp_path: Path) -> None:
+    asked: list[tuple[list[str], float]] = []
+
+    def smi(argv: list[str], timeout_s: float = 60) -> tuple[int, str]:
+        asked.append((argv, timeout_s))
+        return 0, "580.159.04\n580.159.04\n"
+
+    missing = str(tmp_path / "none")
+    assert driver_probe.driver(smi, 30, missing) == {"module": "", "smi": "580.159.04"}
+    assert asked == [(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], 30)]
+    # No nvidia-smi (127) or one that hung (124): no driver seen.
+    for rc in (127, 124):
+        got = driver_probe.driver(lambda argv, timeout_s=60, rc=rc: (rc, ""), 30, missing)
+        assert got == {"module": "", "smi": ""}
