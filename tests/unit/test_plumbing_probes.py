@@ -27,6 +27,7 @@ mpi_probe = importlib.import_module(f"{PLUGINS}.modules.mpi_info")
 env_probe = importlib.import_module(f"{PLUGINS}.modules.gpu_env_info")
 packages_probe = importlib.import_module(f"{PLUGINS}.modules.python_packages_info")
 driver_probe = importlib.import_module(f"{PLUGINS}.modules.nvidia_driver_info")
+nvcc_probe = importlib.import_module(f"{PLUGINS}.modules.cuda_toolkit_info")
 unsatisfied = importlib.import_module(f"{PLUGINS}.filter.gpu_env").gpu_env_unsatisfied
 
 
@@ -254,3 +255,20 @@ def test_driver_probe_asks_nvidia_smi_without_a_module_under_its_deadline(tmp_pa
     for rc in (127, 124):
         got = driver_probe.driver(lambda argv, timeout_s=60, rc=rc: (rc, ""), 30, missing)
         assert got == {"module": "", "smi": ""}
+
+
+def test_cuda_probe_reports_each_executable_nvcc_with_its_release(tmp_path: Path) -> None:
+    cuda = tmp_path / "cuda-12.4" / "bin"
+    cuda.mkdir(parents=True)
+    (cuda / "nvcc").write_text(
+        "#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n"
+    )
+    (cuda / "nvcc").chmod(0o755)
+    (tmp_path / "cuda").symlink_to(tmp_path / "cuda-12.4")
+    (tmp_path / "plain").write_text("not executable")
+    candidates = [str(tmp_path / "cuda/bin/nvcc"), str(tmp_path / "plain"), str(tmp_path / "none")]
+    run = node.command_runner(FakeModule())
+    # The link resolves to the real compiler; files that are not executable are not asked.
+    assert nvcc_probe.compilers(run, candidates) == [
+        {"path": str(cuda / "nvcc"), "release": "12.4"}
+    ]
