@@ -243,7 +243,8 @@ def main() -> int:
     parser.add_argument("--user", default="gpuenv")
     parser.add_argument("--stop-at", default="PLAY [Stage ssh")
     parser.add_argument(
-        "--last-task", default="TASK [gpu_env : Write pip's settings and the cluster environment]"
+        "--last-task",
+        default="TASK [gpuenv.cluster.gpu_env : Write pip's settings and the cluster environment]",
     )
     parser.add_argument(
         "--ansible-playbook", default=str(Path(sys.executable).with_name("ansible-playbook"))

@@ -161,7 +161,6 @@ def _run_case(name: str, case: Case, base: Path) -> Run:
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
         "ANSIBLE_LIBRARY": str(base / "library"),
         "ANSIBLE_FACTS_MODULES": "gs_fake_facts",
         "ANSIBLE_CACHE_PLUGIN": "memory",

@@ -1,7 +1,8 @@
 """NVIDIA's repository entry: rendered with the overridable URL and signed-by, and a download
 failure names the URL. NVIDIA's repository is not reachable from CI, so the tests serve a
-stand-in key on 127.0.0.1 and run the role's nvidia_repo tasks in check mode (nothing changes
-on this machine; check mode still makes get_url probe the URL).
+stand-in key on 127.0.0.1 and run the repository tasks of the shared apt role
+(gpuenv.cluster.apt_pin, asked with its one dictionary as the GPU stack roles ask it) in check
+mode: nothing changes on this machine; check mode still makes get_url probe the URL.
 """
 
 from __future__ import annotations
@@ -28,14 +29,19 @@ PLAY = """---
   tasks:
     - name: Add the repository
       ansible.builtin.include_role:
-        name: nvidia_driver
+        name: gpuenv.cluster.apt_pin
         tasks_from: nvidia_repo
       vars:
-        __nvidia_driver_repo_base: "{{ gs_base }}"
-        __nvidia_driver_repo_key: ""
-        __nvidia_driver_repo_dist: debian13
-        __nvidia_driver_repo_retries: 1
-        __nvidia_driver_repo_delay: 0
+        apt_pin_request:
+          packages: [nvidia-smi]
+          version_regex: '^550\\.'
+          request: nvidia_driver_install_method=nvidia_repo
+          nvidia_repo:
+            url: "{{ gs_base }}"
+            dist: debian13
+            hint: nvidia_driver_repo_url / nvidia_driver_repo_key_url
+          retries: 1
+          delay: 0
 """
 
 
@@ -65,7 +71,6 @@ def _run(base: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
         "ANSIBLE_CACHE_PLUGIN": "memory",
         "ANSIBLE_GATHER_SUBSET": "!all,!min,architecture",
         "ANSIBLE_NOCOLOR": "1",

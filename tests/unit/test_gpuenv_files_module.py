@@ -1,4 +1,4 @@
-"""roles/gpuenv_common/library/gpuenv_files.py, the batched files module, in a temporary folder."""
+"""plugins/modules/gpuenv_files.py, the batched files module, in a temporary folder."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-MODULE_PATH = Path(__file__).resolve().parents[2] / "roles/gpuenv_common/library/gpuenv_files.py"
+MODULE_PATH = Path(__file__).resolve().parents[2] / "plugins/modules/gpuenv_files.py"
 
 
 def _load() -> ModuleType:

@@ -1,38 +1,58 @@
-"""The node probes of roles/ssh_mesh, mpi and gpu_env, and gpu_env's requirement filter.
+"""The node-reading modules of the collection (plugins/modules/*_info.py, plugins/module_utils/
+node.py) and gpu_env's requirement filter.
 
-On a converged node each role skips its work on the strength of one probe; these tests pin down
-what the probes report and that the filter proves a requirement met only when it is.
+On a converged node each role skips its work on the strength of one such read; these tests pin
+down what the modules report and that the filter proves a requirement met only when it is. The
+modules import their helpers as the collection gpuenv.cluster, which the checkout provides through
+.ansible/collections (the symlink ansible.cfg's collections_path names).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
+import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / ".ansible" / "collections"))
+
+PLUGINS = "ansible_collections.gpuenv.cluster.plugins"
+node = importlib.import_module(f"{PLUGINS}.module_utils.node")
+ssh_probe = importlib.import_module(f"{PLUGINS}.modules.ssh_mesh_info")
+mpi_probe = importlib.import_module(f"{PLUGINS}.modules.mpi_info")
+env_probe = importlib.import_module(f"{PLUGINS}.modules.gpu_env_info")
+packages_probe = importlib.import_module(f"{PLUGINS}.modules.python_packages_info")
+driver_probe = importlib.import_module(f"{PLUGINS}.modules.nvidia_driver_info")
+nvcc_probe = importlib.import_module(f"{PLUGINS}.modules.cuda_toolkit_info")
+unsatisfied = importlib.import_module(f"{PLUGINS}.filter.gpu_env").gpu_env_unsatisfied
 
 
-def _load(name: str, path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+class FakeModule:
+    """What command_runner uses of AnsibleModule: the real commands, started as run_command does."""
+
+    def __init__(self) -> None:
+        self.argvs: list[list[str]] = []
+
+    def get_bin_path(self, name: str, required: bool = False) -> str:
+        return "/usr/bin/" + name
+
+    def run_command(self, argv: list[str], check_rc: bool = False) -> tuple[int, str, str]:
+        self.argvs.append(argv)
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        return done.returncode, done.stdout, done.stderr
 
 
-ssh_probe = _load("ssh_mesh_probe", "roles/ssh_mesh/files/ssh_mesh_probe.py")
-mpi_probe = _load("mpi_probe", "roles/mpi/files/mpi_probe.py")
-env_probe = _load("gpu_env_probe", "roles/gpu_env/files/gpu_env_probe.py")
-nccl_probe = _load("nccl_pip_probe", "roles/nccl/files/nccl_pip_probe.py")
-cuda_probe = _load("cuda_pip_probe", "roles/cuda_toolkit/files/cuda_pip_probe.py")
-env_filters = _load("gpu_env_filters", "roles/gpu_env/filter_plugins/gpu_env.py")
-unsatisfied = env_filters.gpu_env_unsatisfied
+def no_commands(argv: list[str], timeout_s: float = 60) -> tuple[int, str]:
+    raise AssertionError(f"ran {argv}")
+
+
+def nothing_installed(argv: list[str], timeout_s: float = 60) -> tuple[int, str]:
+    assert argv[0] == "dpkg-query", argv
+    return 1, ""
 
 
 @pytest.mark.parametrize(
@@ -74,52 +94,38 @@ def test_only_the_unmet_requirements_are_returned() -> None:
     assert got == ["mpi4py==4.1.2", "nvidia-ml-py"]
 
 
-def test_mpi_probe_uses_the_recorded_answer_while_open_mpi_is_unchanged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_mpi_probe_uses_the_recorded_answer_while_open_mpi_is_unchanged(tmp_path: Path) -> None:
     fact = tmp_path / "gpuenv_mpi.fact"
     fact.write_text(json.dumps({"version": "5.0.7", "cuda_aware": True, "ompi_build": "abc"}))
-    calls: list[list[str]] = []
-    monkeypatch.setattr(mpi_probe, "build_stamp", lambda: "abc")
-    monkeypatch.setattr(mpi_probe, "run", lambda argv: calls.append(argv) or (0, ""))
-    assert mpi_probe.ompi(str(fact)) == {"version": "5.0.7", "cuda_aware": True, "build": "abc"}
-    assert calls == [], "ompi_info ran although the recorded build is the installed one"
+    got = mpi_probe.ompi(no_commands, str(fact), "abc")
+    assert got == {"version": "5.0.7", "cuda_aware": True, "build": "abc"}
 
 
 @pytest.mark.parametrize("stamp", ["other", None])
 def test_mpi_probe_asks_ompi_info_when_the_build_changed_or_is_unknown(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stamp: str | None
+    tmp_path: Path, stamp: str | None
 ) -> None:
     fact = tmp_path / "gpuenv_mpi.fact"
     fact.write_text(json.dumps({"version": "4.1.4", "cuda_aware": False, "ompi_build": "abc"}))
     out = "ompi:version:full:5.0.7\nmca:mpi:base:param:mpi_built_with_cuda_support:value:true\n"
-    monkeypatch.setattr(mpi_probe, "build_stamp", lambda: stamp)
-    monkeypatch.setattr(mpi_probe, "run", lambda argv: (0, out))
-    got = mpi_probe.ompi(str(fact))
+    got = mpi_probe.ompi(lambda argv, timeout_s=60: (0, out), str(fact), stamp)
     assert got == {"version": "5.0.7", "cuda_aware": True, "build": stamp or ""}
 
 
-def test_mpi_probe_reports_no_open_mpi_when_ompi_info_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(mpi_probe, "build_stamp", lambda: None)
-    monkeypatch.setattr(mpi_probe, "run", lambda argv: (127, ""))
-    assert mpi_probe.ompi(str(tmp_path / "missing.fact")) is None
+def test_mpi_probe_reports_no_open_mpi_when_ompi_info_fails(tmp_path: Path) -> None:
+    got = mpi_probe.ompi(lambda argv, timeout_s=60: (127, ""), str(tmp_path / "none.fact"), None)
+    assert got is None
 
 
-def test_ssh_probe_reads_host_keys_from_the_first_folder_holding_any(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ssh_probe_reads_host_keys_from_the_first_folder_holding_any(tmp_path: Path) -> None:
     first, second = tmp_path / "ssh", tmp_path / "etc"
     first.mkdir()
     second.mkdir()
     (first / "ssh_host_ed25519_key.pub").write_text("ssh-ed25519 AAAAC3 root@node1\n")
     (first / "ssh_host_rsa_key.pub").write_text("ssh-rsa AAAAB3 root@node1\n")
     (second / "ssh_host_ecdsa_key.pub").write_text("ecdsa-sha2-nistp256 AAAAE2 root@x\n")
-    monkeypatch.setattr(
-        ssh_probe, "HOST_KEY_DIRS", (str(tmp_path / "none"), str(first), str(second))
-    )
-    assert ssh_probe.host_keys() == ["ssh-ed25519 AAAAC3", "ssh-rsa AAAAB3"]
+    folders = (str(tmp_path / "none"), str(first), str(second))
+    assert ssh_probe.host_keys(folders) == ["ssh-ed25519 AAAAC3", "ssh-rsa AAAAB3"]
 
 
 def test_gpu_env_probe_finds_the_cuda_home_holding_nvcc(tmp_path: Path) -> None:
@@ -131,11 +137,14 @@ def test_gpu_env_probe_finds_the_cuda_home_holding_nvcc(tmp_path: Path) -> None:
     (cuda / "bin" / "nvcc").chmod(0o755)
     (cuda / "lib64").mkdir()
     empty.mkdir()
-    found = env_probe.cuda("", [str(empty), str(cuda)], read_nvcc=True)
+    run = node.command_runner(FakeModule())
+    found = env_probe.cuda(run, "", [str(empty), str(cuda)], read_nvcc=True)
     assert found == {"home": str(cuda), "lib64": True, "major": "12"}
     # A given CUDA home is taken as it is; without candidates holding nvcc there is none.
-    assert env_probe.cuda(str(empty), [str(cuda)], read_nvcc=False)["home"] == str(empty)
-    assert env_probe.cuda("", [str(empty)], read_nvcc=True) == {
+    assert env_probe.cuda(no_commands, str(empty), [str(cuda)], read_nvcc=False)["home"] == str(
+        empty
+    )
+    assert env_probe.cuda(no_commands, "", [str(empty)], read_nvcc=True) == {
         "home": "",
         "lib64": False,
         "major": "",
@@ -159,29 +168,107 @@ def _dist(site: Path, name: str, version: str) -> None:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
 
-def test_nccl_pip_probe_finds_the_prefix_wheel(tmp_path: Path, capsys) -> None:
+def test_packages_probe_finds_the_prefix_wheels_by_pip_name(tmp_path: Path) -> None:
     site = tmp_path / "nccl/venv/lib/python3.11/site-packages"
     _dist(site, "nvidia_nccl_cu11", "2.21.5")
-    nccl_probe.main("nvidia-nccl-cu11", str(tmp_path / "nccl"), "no-such-deb-gpuenv")
-    found = json.loads(capsys.readouterr().out)
-    assert found["prefix"] == {"version": "2.21.5", "dir": f"{site}/nvidia/nccl"}
-    assert "system" not in found and found["debs"] == []
-
-
-def test_cuda_pip_probe_reports_only_the_wanted_wheels(tmp_path: Path, capsys) -> None:
-    site = tmp_path / "12.4/lib/python3.13/site-packages"
-    _dist(site, "nvidia_cuda_nvcc_cu12", "12.4.131")
     _dist(site, "pip", "25.0")
-    cuda_probe.main(str(tmp_path / "12.4"), "nvidia-cuda-nvcc-cu12,nvidia-cuda-runtime-cu12")
-    assert json.loads(capsys.readouterr().out) == {
-        "wheels": {"nvidia-cuda-nvcc-cu12": "12.4.131"},
+    params = {
+        "names": ["nvidia-nccl-cu11", "nvidia_cuda_runtime_cu11"],
+        "prefixes": [str(tmp_path / "nccl/venv"), str(tmp_path / "none")],
+        "interpreter": False,
+        "packages": ["no-such-deb-gpuenv"],
+    }
+    assert packages_probe.read(nothing_installed, params) == {
+        "prefixes": {
+            str(tmp_path / "nccl/venv"): {
+                "nvidia-nccl-cu11": {"version": "2.21.5", "site": str(site)}
+            },
+            str(tmp_path / "none"): {},
+        },
+        "interpreter": {},
         "debs": [],
     }
 
 
-def test_probe_commands_have_a_deadline() -> None:
-    # A hung command (nvidia-smi on a GPU in a bad state) must not hang the probe.
-    lib = _load("probe_lib", "roles/gpuenv_common/files/probe_lib.py")
-    assert lib.run(["sleep", "5"], timeout=0.2) == (124, "")
-    assert lib.run(["no-such-command-gpuenv"]) == (127, "")
-    assert lib.run(["echo", "ok"]) == (0, "ok\n")
+def test_packages_probe_looks_in_the_running_python_when_asked() -> None:
+    params = {"names": ["PyYAML", "no-such-dist-gpuenv"], "prefixes": [], "interpreter": True}
+    found = packages_probe.read(no_commands, {**params, "packages": []})["interpreter"]
+    assert list(found) == ["pyyaml"]
+    assert Path(found["pyyaml"]["site"], "yaml").is_dir()
+
+
+def test_dpkg_states_keep_only_installed_packages() -> None:
+    out = "openssh-server install ok installed\nfoo deinstall ok config-files\n"
+    seen: list[list[str]] = []
+
+    def run(argv: list[str], timeout_s: float = 60) -> tuple[int, str]:
+        seen.append(argv)
+        return 1, out
+
+    assert node.installed(run, ["openssh-server", "foo", "bar"]) == ["openssh-server"]
+    assert seen == [
+        ["dpkg-query", "-W", "-f=${Package} ${Status}\n", "openssh-server", "foo", "bar"]
+    ]
+    assert node.installed(no_commands, []) == []
+
+
+def test_pci_gpus_counts_nvidia_display_controllers_only(tmp_path: Path) -> None:
+    for name, vendor, klass in [
+        ("0000:01:00.0", "0x10de", "0x030200"),  # NVIDIA 3D controller
+        ("0000:02:00.0", "0x10de", "0x040300"),  # NVIDIA audio
+        ("0000:03:00.0", "0x1002", "0x030000"),  # another vendor's GPU
+    ]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vendor").write_text(vendor + "\n")
+        (tmp_path / name / "class").write_text(klass + "\n")
+    assert node.pci_gpus(str(tmp_path)) == 1
+    assert node.pci_gpus(str(tmp_path / "none")) == 0
+
+
+def test_node_commands_have_a_deadline() -> None:
+    # A hung command (nvidia-smi on a GPU in a bad state) must not hang the module.
+    module = FakeModule()
+    run = node.command_runner(module)
+    assert run(["sleep", "5"], timeout_s=0.2) == (124, "")
+    assert run(["no-such-command-gpuenv"]) == (127, "")
+    assert run(["echo", "ok"]) == (0, "ok\n")
+    assert module.argvs[-1] == ["/usr/bin/timeout", "-k", "5", "60", "echo", "ok"]
+
+
+def test_driver_probe_prefers_the_loaded_module(tmp_path: Path) -> None:
+    version = tmp_path / "version"
+    version.write_text("550.163.01\n")
+    assert driver_probe.driver(no_commands, 30, str(version)) == {"module": "550.163.01", "smi": ""}
+
+
+def test_driver_probe_asks_nvidia_smi_without_a_module_under_its_deadline(tmp_path: Path) -> None:
+    asked: list[tuple[list[str], float]] = []
+
+    def smi(argv: list[str], timeout_s: float = 60) -> tuple[int, str]:
+        asked.append((argv, timeout_s))
+        return 0, "580.159.04\n580.159.04\n"
+
+    missing = str(tmp_path / "none")
+    assert driver_probe.driver(smi, 30, missing) == {"module": "", "smi": "580.159.04"}
+    assert asked == [(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], 30)]
+    # No nvidia-smi (127) or one that hung (124): no driver seen.
+    for rc in (127, 124):
+        got = driver_probe.driver(lambda argv, timeout_s=60, rc=rc: (rc, ""), 30, missing)
+        assert got == {"module": "", "smi": ""}
+
+
+def test_cuda_probe_reports_each_executable_nvcc_with_its_release(tmp_path: Path) -> None:
+    cuda = tmp_path / "cuda-12.4" / "bin"
+    cuda.mkdir(parents=True)
+    (cuda / "nvcc").write_text(
+        "#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n"
+    )
+    (cuda / "nvcc").chmod(0o755)
+    (tmp_path / "cuda").symlink_to(tmp_path / "cuda-12.4")
+    (tmp_path / "plain").write_text("not executable")
+    candidates = [str(tmp_path / "cuda/bin/nvcc"), str(tmp_path / "plain"), str(tmp_path / "none")]
+    run = node.command_runner(FakeModule())
+    # The link resolves to the real compiler; files that are not executable are not asked.
+    assert nvcc_probe.compilers(run, candidates) == [
+        {"path": str(cuda / "nvcc"), "release": "12.4"}
+    ]

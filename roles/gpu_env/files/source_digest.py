@@ -4,12 +4,27 @@ Runs on the controller. The digest covers what goes into the wheel, so the wheel
 shipped again exactly when the checkout changed.
 """
 
+import ast
 import hashlib
 import json
 import sys
 from pathlib import Path
 
 import tomllib
+
+
+def version(root: Path) -> str:
+    """The package version: pyproject's, else (dynamic) the __version__ of gpuenv/__init__.py."""
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    if "version" in project:
+        return project["version"]
+    tree = ast.parse((root / "gpuenv" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise SystemExit(f"{root}: no version in pyproject.toml nor __version__ in gpuenv/__init__.py")
 
 
 def main(root: Path) -> None:
@@ -26,7 +41,7 @@ def main(root: Path) -> None:
             digest.update(path.relative_to(root).as_posix().encode() + b"\0")
             digest.update(path.read_bytes() + b"\0")
     name = project["name"].replace("-", "_")
-    wheel = f"{name}-{project['version']}-py3-none-any.whl"
+    wheel = f"{name}-{version(root)}-py3-none-any.whl"
     print(json.dumps({"digest": digest.hexdigest()[:16], "wheel": wheel}))
 
 
