@@ -5,8 +5,9 @@ hand with the same environment molecule sets:
 
     python molecule/cluster/broken_test.py --nodes cl-node1 cl-node2 cl-node3
 
-The controller reaches the nodes over SSH as root with a key made for this run, their host keys
-read through docker (a channel the test trusts) into a known_hosts file of its own. Then:
+The controller reaches the nodes over SSH as the lab image's admin user (root may not log in) with
+a key made for this run, their host keys read through docker (a channel the test trusts) into a
+known_hosts file of its own. Then:
 
 - cl-node2 loses mpi4py from the cluster venv;
 - cl-node3 shows an NVIDIA GPU on its PCI bus (a sysfs fixture read through GPUENV_ROOT) that no
@@ -30,6 +31,7 @@ from pathlib import Path
 import docker
 
 VENV = "/opt/gpuenv"
+ADMIN = "admin"  # the lab image's sudo user (gpuenv/lab/recipe.py)
 FIXTURE = "/opt/gpuenv-fixture"
 GPU_ADDRESS = "0000:17:00.0"
 DEADLINE_S = 240
@@ -58,7 +60,7 @@ def address(client: docker.DockerClient, name: str) -> str:
 
 
 def inventory(tmp: Path, nodes: list[str], user: str) -> Path:
-    """An SSH inventory of the nodes: root with a fresh key, host keys read through docker."""
+    """An SSH inventory of the nodes: the admin user with a fresh key, host keys through docker."""
     client = docker.from_env()
     key = tmp / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -67,8 +69,9 @@ def inventory(tmp: Path, nodes: list[str], user: str) -> Path:
     hosts: dict[str, dict[str, object]] = {}
     for name in nodes:
         ip = address(client, name)
-        on(name, "sh", "-c", f"mkdir -p /root/.ssh && echo '{public}' >>/root/.ssh/authorized_keys"
-                             " && chmod 600 /root/.ssh/authorized_keys")  # fmt: skip
+        home = f"/home/{ADMIN}/.ssh"
+        on(name, "sh", "-c", f"mkdir -p {home} && echo '{public}' >>{home}/authorized_keys"
+                             f" && chown -R {ADMIN}: {home} && chmod 600 {home}/authorized_keys")  # fmt: skip
         for line in on(name, "sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub").splitlines():
             if line.strip():
                 known.append(f"{ip} {' '.join(line.split()[:2])}")
@@ -79,7 +82,7 @@ def inventory(tmp: Path, nodes: list[str], user: str) -> Path:
     inv = {
         "all": {
             "vars": {
-                "ansible_user": "root",
+                "ansible_user": ADMIN,
                 "ansible_ssh_private_key_file": str(key),
                 "ansible_ssh_common_args": f"-o UserKnownHostsFile={tmp / 'known_hosts'}",
                 "gpuenv_cluster_user": user,
@@ -119,7 +122,13 @@ def main() -> int:
     log(f"gpuenv cluster exit {done.returncode} in {wall:.1f}s")
     print(done.stderr[-3000:], file=sys.stderr)
     report = json.loads(done.stdout)
-    results = {(r["node"], r["check"]): r for r in report["results"]}
+    by_key = {(r["node"], r["check"]): r for r in report["results"]}
+
+    class Results(dict):
+        def __missing__(self, key):
+            raise SystemExit(f"broken_test: FAIL: no result {key}; the report: {by_key}")
+
+    results = Results(by_key)
     problems = report["verdict"]["problems"]
     check(done.returncode == 1 and report["verdict"]["ok"] is False, "the verdict is red", problems)
 
