@@ -20,6 +20,7 @@ from nodehelpers import (
     hostvars,
     local_fact,
     peer,
+    require_plain_python3,
     venv,
 )
 from test_mpi import ALLREDUCE
@@ -77,6 +78,7 @@ def test_user_mpirun_of_plain_python3_across_all_nodes(request):
     """
     members = _mpi_members(request)
     launcher = peer(request.config, members[0])
+    require_plain_python3(launcher)
     targets = [address(hostvars(peer(request.config, n)), n) for n in members]
     cmd = (
         "cd /tmp && timeout 180 mpirun --mca mpi_yield_when_idle 1 "

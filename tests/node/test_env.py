@@ -15,6 +15,7 @@ from nodehelpers import (
     login_run,
     require,
     require_gpu,
+    require_plain_python3,
     venv,
 )
 
@@ -108,8 +109,7 @@ def test_gpu_python_stack_sees_the_gpus(host):
 def test_plain_ssh_command_sees_the_environment(host):
     """`ssh node cmd` runs a non-login shell (no /etc/profile.d): its python3 must be the venv's."""
     require(host, "ssh", "env")
-    if not hostvars(host).get("gpu_env_pam_env", True):
-        pytest.skip("gpu_env_pam_env is false: non-login SSH sessions get no gpuenv environment")
+    require_plain_python3(host)
     target = address(hostvars(host), hostvars(host)["inventory_hostname"])
     probe = "import sys, mpi4py; print(sys.executable)"
     cmd = (
