@@ -140,6 +140,21 @@ CASES: dict[str, Case] = {
         {**GOOD_TRIXIE, "nvidia_driver_reboot": "sometimes"},
         ("nvidia_driver_reboot", "bool"),
     ),
+    "value-pam-env-cannot-carry": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "gpu_env_extra_env": {"OMPI_MCA_FLAGS": "--bind-to none"}},
+        ("pam_env cannot carry the values of", "OMPI_MCA_FLAGS", "gpu_env_pam_env: false"),
+    ),
+    "relative-nccl-home": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "gpu_env_nccl_home": "opt/nccl"},
+        ("gpu_env_nccl_home", "absolute path"),
+    ),
+    "build-tools-wrong-type": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "gpu_env_build_tools": "sometimes"},
+        ("gpu_env_build_tools", "bool"),
+    ),
     "unsupported-os": Case(ROCKY, GOOD_TRIXIE, ("Rocky 9.4 is not supported", "Debian", "Ubuntu")),
 }
 

@@ -48,6 +48,16 @@ def require(host, *wanted: str) -> None:
         )
 
 
+def require_plain_python3(host) -> None:
+    """Skip unless the roles make a plain `python3` in a non-login SSH session the venv's
+    (roles/gpu_env: the venv on PATH, written for pam_env)."""
+    hv = hostvars(host)
+    if not hv.get("gpu_env_pam_env", True):
+        pytest.skip("gpu_env_pam_env is false: non-login SSH sessions get no gpuenv environment")
+    if not hv.get("gpu_env_venv_on_path", True):
+        pytest.skip("gpu_env_venv_on_path is false: python3 on PATH is not the venv's")
+
+
 def gpu_count(host) -> int:
     out = host.check_output("python3 -c %s", PCI_GPU_COUNT)
     return int(out.strip() or 0)
