@@ -70,8 +70,9 @@ def inventory(tmp: Path, nodes: list[str], user: str) -> Path:
     for name in nodes:
         ip = address(client, name)
         home = f"/home/{ADMIN}/.ssh"
-        on(name, "sh", "-c", f"mkdir -p {home} && echo '{public}' >>{home}/authorized_keys"
-                             f" && chown -R {ADMIN}: {home} && chmod 600 {home}/authorized_keys")  # fmt: skip
+        keys = f"{home}/authorized_keys"
+        on(name, "sh", "-c", f"mkdir -p {home} && echo '{public}' >>{keys}"
+                             f" && chown -R {ADMIN}: {home} && chmod 600 {keys}")  # fmt: skip
         for line in on(name, "sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub").splitlines():
             if line.strip():
                 known.append(f"{ip} {' '.join(line.split()[:2])}")
