@@ -68,7 +68,11 @@ class _Session:
         return env
 
     def start(self, argv: list[str], name: str, extra: Mapping[str, str]) -> proc.Launch:
-        launch = proc.Launch(argv, self.workdir / f"{name}.log", self.env(extra)).start()
+        # In the run's own folder: the caller's may not be readable (a sudo'ed user in another
+        # user's home), and Open MPI 5's mpirun dies with SIGSEGV there.
+        launch = proc.Launch(
+            argv, self.workdir / f"{name}.log", self.env(extra), cwd=str(self.workdir)
+        ).start()
         self.launches.append(launch)
         return launch
 

@@ -64,9 +64,12 @@ def as_user(host: Host, command: str) -> str:
     the cluster user, or where the node is emulated on this machine)."""
     if host.local or not host.become_user:
         return command
-    # sudo resets the environment: the node's variables (gpuenv_cluster_env) go inside.
+    # sudo resets the environment: the node's variables (gpuenv_cluster_env) go inside. It keeps
+    # the working folder, which may be the connection user's private home: start in the cluster
+    # user's own, as a login does (Open MPI 5's mpirun dies with SIGSEGV in a folder it cannot
+    # read).
     inner = f"{shell_command([], host.env)} {command}" if host.env else command
-    return shlex.join(["sudo", "-n", "-u", host.become_user, "-H", "bash", "-lc", inner])
+    return shlex.join(["sudo", "-n", "-u", host.become_user, "-H", "bash", "-lc", f"cd && {inner}"])
 
 
 def mpirun(master: Host, hosts: Sequence[Host], nbytes: int, iters: int) -> str:

@@ -76,7 +76,8 @@ def inventory(tmp: Path, nodes: list[str], user: str) -> Path:
         for line in on(name, "sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub").splitlines():
             if line.strip():
                 known.append(f"{ip} {' '.join(line.split()[:2])}")
-        hosts[name] = {"ansible_host": ip, "gpuenv_cluster_address": ip}
+        # Nodes reach each other by container name, as the mpi role's hostfile lists them.
+        hosts[name] = {"ansible_host": ip, "gpuenv_cluster_address": name}
     (tmp / "known_hosts").write_text("\n".join(known) + "\n")
     hosts[nodes[-1]]["gpuenv_cluster_env"] = {"GPUENV_ROOT": FIXTURE}
     hosts["ghost"] = {"ansible_host": "ghost.invalid"}
