@@ -165,31 +165,16 @@ def _down(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from gpuenv.lab import cache, cluster
+    from gpuenv.report.lab import print_status
 
     names, client = _names_and_client()
     labs = cluster.status(client, names, Path.cwd())
     if args.name:
         labs = [lab for lab in labs if lab.name == settings.validate_name(args.name)]
-    console = Console()
-    console.print(f"cache {names.cache_container}: {cache.cache_state(client, names)}")
-    if not labs:
-        console.print("no lab is up" + (f" named {args.name!r}" if args.name else ""))
-        return 0
-    table = Table("lab", "node", "state", "address", "distro", "inventory")
-    for lab in labs:
-        for node in lab.nodes:
-            table.add_row(
-                lab.name,
-                node.name,
-                node.state,
-                node.ip or "-",
-                node.distro,
-                _rel(lab.hosts_file) if lab.hosts_file else "-",
-            )
-    console.print(table)
+    cache_line = f"cache {names.cache_container}: {cache.cache_state(client, names)}"
+    print_status(Console(), cache_line, labs, args.name, _rel)
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -123,3 +124,23 @@ def stop(rid: str) -> str:
     """A command that ends one launch's processes on a node (its torchrun agent, which takes
     its workers down with it). The bracket keeps pkill from matching its own command line."""
     return f"pkill -TERM -f -- 'rdzv-id=[{rid[0]}]{rid[1:]}' || true"
+
+
+# mpirun names the first rank that failed: Open MPI 5 `[prterun-HOST-PID@1,RANK]`,
+# Open MPI 4 `[[JOB,1],RANK]`.
+_FAILED_RANK = re.compile(r"Process name:\s*\[(?:prterun-\S+@\d+|\[\d+,\d+\]),(\d+)\]")
+_PY_ERROR = re.compile(r"^\s*(\w+(?:Error|Exception)\b.*)$", re.MULTILINE)
+
+
+def mpirun_failure(stderr: str, hosts: Sequence[Host]) -> str | None:
+    """Which node's rank failed first, and the Python error it printed, from mpirun's stderr.
+
+    With one rank per node in hostfile order (``--map-by ppr:1:node``), rank i is the i-th host.
+    """
+    m = _FAILED_RANK.search(stderr)
+    if m is None:
+        return None
+    rank = int(m.group(1))
+    where = f"rank {rank} on {hosts[rank].name}" if rank < len(hosts) else f"rank {rank}"
+    error = _PY_ERROR.findall(stderr)
+    return f"{where} failed" + (f": {error[-1].strip()}" if error else "")

@@ -331,6 +331,8 @@ def mpi_stage(state: State) -> None:
     got = [p for p in launch.payloads(out) if p.get("kind") == "mpi"]
     if not out.ok or not got:
         why = out.why() if not out.ok else "no result from rank 0"
+        named = None if master.local else launch.mpirun_failure(out.stderr + out.stdout, hosts)
+        why = f"{named} ({why})" if named else why
         state.add(Result("mpi", "cluster", Status.FAIL, f"mpirun from {master.name}: {why}",
                          duration_s=out.duration_s, details={"command": cmd}))  # fmt: skip
         return

@@ -152,6 +152,11 @@ def main() -> int:
           and nodes[1] in consistency["reason"],
           f"consistency names pkg.mpi4py missing on {nodes[1]}", consistency)  # fmt: skip
 
+    mpi = results[("cluster", "mpi")]
+    check(mpi["status"] == "FAIL" and f"on {nodes[1]} failed" in mpi["reason"]
+          and "mpi4py" in mpi["reason"],
+          f"the cluster mpirun names {nodes[1]}'s rank and its import error", mpi)  # fmt: skip
+
     healthy = results[(nodes[0], "mpi")]
     check(results[(nodes[0], "reach")]["status"] == "PASS" and healthy["status"] == "PASS",
           f"{nodes[0]} (healthy) was still validated: its mpi check passed", healthy)  # fmt: skip

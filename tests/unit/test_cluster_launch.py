@@ -47,3 +47,34 @@ def test_node_missing_from_the_hostfile_is_named(tmp_path):
     assert out.returncode == 1
     assert "10.0.0.9 is not in" in out.stderr
     assert "ARGS" not in out.stdout
+
+
+OMPI5 = """Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+ModuleNotFoundError: No module named 'mpi4py'
+--------------------------------------------------------------------------
+prterun detected that one or more processes exited with non-zero status,
+thus causing the job to be terminated. The first process to do so was:
+
+   Process name: [prterun-cl-node1-3640@1,1]
+   Exit code:    1
+--------------------------------------------------------------------------
+"""
+OMPI4 = """ModuleNotFoundError: No module named 'mpi4py'
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[41233,1],2]
+  Exit code:    1
+"""
+
+
+def test_the_node_whose_rank_failed_is_named():
+    from gpuenv.cluster.launch import mpirun_failure
+
+    hosts = [Host(n, n, n) for n in ("n1", "n2", "n3")]
+    assert mpirun_failure(OMPI5, hosts) == (
+        "rank 1 on n2 failed: ModuleNotFoundError: No module named 'mpi4py'"
+    )
+    assert mpirun_failure(OMPI4, hosts).startswith("rank 2 on n3 failed")
+    assert mpirun_failure("segmentation fault", hosts) is None
