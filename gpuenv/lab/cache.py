@@ -27,7 +27,11 @@ CACHE_READY_DEADLINE_S = 60
 
 def _wanted_config(client: docker.DockerClient, names: Names, wheels: Path) -> str:
     image_id = client.images.get(names.cache_image).id
-    return hashlib.sha256(f"{image_id}\n{wheels}".encode()).hexdigest()[:16]
+    # The folder's identity, not only its path: a checkout removed and cloned again at the same
+    # path leaves the container bound to the deleted folder, which serves no wheel.
+    st = wheels.stat()
+    text = f"{image_id}\n{wheels}\n{st.st_dev}:{st.st_ino}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def ensure_cache(
