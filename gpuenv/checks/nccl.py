@@ -203,23 +203,15 @@ def rank_main(rc: RankContext) -> dict[str, Any]:
         if world >= 3 or params.get("pairs") or os.environ.get("GPUENV_NCCL_PAIRS") == "1":
             pairs = _pairs(cp, nccl, comm, rank, world, params, directory, log, deadline)
     except CollectiveTimeout as exc:
-        return {"timeout": str(exc), "sweep": sweep, "transport": _transport(debug_file)}
+        return {"timeout": str(exc), "sweep": sweep, "transport": nccl_log.read(debug_file)}
     comm.destroy()
     return {
         "sweep": sweep,
         "wrong_values": wrong,
         "pairs": pairs,
-        "transport": _transport(debug_file),
+        "transport": nccl_log.read(debug_file),
         "versions": {"nccl": _version(nccl.get_version()), "cupy": cp.__version__},
     }
-
-
-def _transport(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        return {"error": f"NCCL's log {path} cannot be read: {exc}"}
-    return nccl_log.parse(text.splitlines()).to_dict()
 
 
 def _pairs(
@@ -352,7 +344,7 @@ def judge(
             f"busbw {largest['busbw_gbps']} GB/s at {largest['bytes']} B < {threshold:.1f} GB/s"
             f" ({link} {spec:.0f} GB/s x {eff})"
         )
-    transports = _merge_transports(payloads)
+    transports = nccl_log.merge(p.get("transport") or {} for _, p in sorted(payloads.items()))
     problems += nccl_log.intra_node_problems(transports, nvlink=link == "NVLink")
     details = {
         "link": link,
@@ -374,16 +366,3 @@ def judge(
         f" {largest['bytes'] // 2**20} MiB{judged}; transport {transports.summary()}"
     )
     return verdict(ctx, NAME, problems, unjudged, passed, ms, versions, details)
-
-
-def _merge_transports(payloads: Mapping[int, Mapping[str, Any]]) -> nccl_log.Transports:
-    """Every rank's view of its connections, added up (each rank logs its own)."""
-    merged = nccl_log.Transports()
-    for _, p in sorted(payloads.items()):
-        t = p.get("transport") or {}
-        merged.version = merged.version or t.get("nccl_version")
-        for fam, n in dict(t.get("families", {})).items():
-            merged.families[fam] = merged.families.get(fam, 0) + int(n)
-        merged.gdrdma = merged.gdrdma or bool(t.get("gdrdma"))
-        merged.samples += [e for e in t.get("evidence", []) if e not in merged.samples]
-    return merged

@@ -16,9 +16,11 @@ Pure functions of text: the readers of sysfs and the log files live with their c
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 VERSION_RE = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 VIA_RE = re.compile(r"Channel \d+/\d+ : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\].*? via (\S+)")
@@ -103,6 +105,27 @@ def parse(lines: Iterable[str]) -> Transports:
         out.families[fam] = out.families.get(fam, 0) + 1
         if fam == NET_IB and "GDRDMA" in via:
             out.gdrdma = True
+    return out
+
+
+def read(path: str | os.PathLike[str]) -> dict[str, object]:
+    """One process's NCCL debug file, parsed, as a rank posts it; an error when unreadable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return parse(fh.read().splitlines()).to_dict()
+    except OSError as exc:
+        return {"error": f"NCCL's log {path} cannot be read: {exc}"}
+
+
+def merge(posted: Iterable[Mapping[str, Any]]) -> Transports:
+    """Several processes' posted views (``read``'s dicts) added up: each logs its own links."""
+    out = Transports()
+    for t in posted:
+        out.version = out.version or t.get("nccl_version")
+        for fam, n in dict(t.get("families", {})).items():
+            out.families[fam] = out.families.get(fam, 0) + int(n)
+        out.gdrdma = out.gdrdma or bool(t.get("gdrdma"))
+        out.samples += [e for e in t.get("evidence", []) if e not in out.samples]
     return out
 
 

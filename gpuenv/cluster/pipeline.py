@@ -231,7 +231,7 @@ def torch_stage(state: State) -> None:
     bad: dict[str, str] = {}
     ddp_bad: dict[str, str] = {}
     backend = "?"
-    transports = nccl_log.Transports()
+    posted: list[Mapping[str, Any]] = []
     first: dict[str, Any] = {}
     for name, out in outcomes.items():
         got = [p for p in launch.payloads(out) if p.get("kind") == "torch"]
@@ -244,10 +244,11 @@ def torch_stage(state: State) -> None:
         state.report.sweeps[name] = p.get("sweep", [])
         if not all(s.get("correct") for s in p.get("sweep", [])):
             bad[name] = "all-reduce gave wrong values"
-        _add_transport(transports, p.get("transport") or {})
+        posted.append(p.get("transport") or {})
         found = ddp_check.problems(p.get("ddp", {}), opts.max_loss_ratio)
         if found:
             ddp_bad[name] = "; ".join(found)
+    transports = nccl_log.merge(posted)
     world = sum(nprocs.values())
     ranks = Measurement("ranks", world, "", 2.0, "min")
     details: dict[str, Any] = {"backend": backend, "sizes": opts.sizes, "per_node_failure": bad}
@@ -274,14 +275,6 @@ def torch_stage(state: State) -> None:
         [Measurement("step_time", round(step_s, 4), "s"), ranks],
         duration_s=duration_s, details={"backend": backend},
     ))  # fmt: skip
-
-
-def _add_transport(into: nccl_log.Transports, t: Mapping[str, Any]) -> None:
-    into.version = into.version or t.get("nccl_version")
-    for fam, n in dict(t.get("families", {})).items():
-        into.families[fam] = into.families.get(fam, 0) + int(n)
-    into.gdrdma = into.gdrdma or bool(t.get("gdrdma"))
-    into.samples += [e for e in t.get("evidence", []) if e not in into.samples]
 
 
 def _busbw_result(state: State, backend: str, transports: nccl_log.Transports) -> Result:

@@ -87,13 +87,7 @@ def run_torch(sizes: list[int], iters: int, steps: int, timeout_s: float) -> Non
         del x
 
     outcome = ddp.train(rank, world, device, steps)
-    transport: dict[str, Any] = {}
-    if debug_file is not None:
-        try:
-            with open(debug_file, encoding="utf-8", errors="replace") as fh:
-                transport = nccl_log.parse(fh.read().splitlines()).to_dict()
-        except OSError as exc:
-            transport = {"error": f"NCCL's log {debug_file} cannot be read: {exc}"}
+    transport = nccl_log.read(debug_file) if debug_file is not None else {}
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         _emit(
             {

@@ -219,3 +219,14 @@ def test_network_floor_follows_the_transport():
     assert nccl_log.ib_rate_gbps("200 Gb/sec (4X HDR)") == 25.0
     assert nccl_log.nic_speed_gbps("100000\n") == 12.5
     assert nccl_log.nic_speed_gbps("-1") is None
+
+
+def test_nccl_logs_are_read_per_process_and_added_up(tmp_path):
+    path = tmp_path / "nccl.log"
+    path.write_text(LOG)
+    one = nccl_log.read(path)
+    assert one["families"] == {"P2P": 2, "NET/IB": 1, "NET/Socket": 1}
+    assert "cannot be read" in nccl_log.read(tmp_path / "missing.log")["error"]
+    both = nccl_log.merge([one, one, {}])
+    assert both.families == {"P2P": 4, "NET/IB": 2, "NET/Socket": 2} and both.version == "2.28.9"
+    assert len(both.samples) == 3  # the same evidence line is kept once
