@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `gpuenv check` on the GPU machine: wall times of the quick profile (three runs, optionally
+# `gpuenv check` on the GPU machine: wall times of the quick profile (RUNS runs, default 3, optionally
 # interleaved with an older gpuenv for comparison), the full profile, and the bad-input and
 # fault cases that need a GPU. Runs from the repository root with the machine's own python3
 # (it carries torch, CuPy, mpi4py, nvidia-ml-py, rich, PyYAML); nothing is installed.
@@ -8,8 +8,8 @@
 #   BASELINE=DIR bash benchmarks/gpu_machine_check.sh    # also DIR/gpuenv, e.g. from
 #       mkdir -p bench-old && git archive a1fbbc4 gpuenv | tar -x -C bench-old   # (untracked: it travels)
 #
-# Writes the JSON reports and a summary to $OUT (default /tmp/gpuenv-out); the logs are packed
-# into $OUT/logs.tgz (the device tool brings back at most 8 files).
+# Writes a summary to $OUT (default /tmp/gpuenv-out) and packs the JSON reports and the logs
+# into $OUT/runs.tgz (the device tool brings back at most 8 files).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/gpuenv-out}
@@ -35,8 +35,9 @@ nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total,driver_version --forma
 python3 -c 'import sys, torch, cupy, mpi4py; print(sys.version.split()[0], torch.__version__, cupy.__version__, mpi4py.__version__)' |
   tee -a "$SUMMARY"
 
-say "quick profile, three runs (interleaved with BASELINE=${BASELINE:-none})"
-for i in 1 2 3; do
+RUNS=${RUNS:-3}
+say "quick profile, $RUNS runs (interleaved with BASELINE=${BASELINE:-none})"
+for i in $(seq "$RUNS"); do
   timed "quick$i" "$PWD" --profile quick --json "$OUT/quick$i.json"
   if [ -n "${BASELINE:-}" ]; then
     timed "baseline$i" "$BASELINE" --profile quick
@@ -72,4 +73,4 @@ torchrun --standalone --nnodes 1 --nproc-per-node 1 -m gpuenv.cluster.worker tor
 say "left over after the runs (must be empty)"
 pgrep -af 'gpuenv|torch.distributed.run|mpirun' | grep -v pgrep | tee -a "$SUMMARY" || true
 
-tar -C "$OUT" -czf "$OUT/logs.tgz" --remove-files $(cd "$OUT" && ls *.log)
+tar -C "$OUT" -czf "$OUT/runs.tgz" --remove-files $(cd "$OUT" && ls *.log *.json)

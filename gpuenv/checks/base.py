@@ -6,10 +6,12 @@ A check is a module (or any object) with these attributes, listed once in
 - ``NAME``, ``DESCRIPTION``: how it is called and what it proves, one line.
 - ``PLACEMENT``: where its ranks run, which is all the engine (gpuenv.checks.session) knows of it:
   ``PROBE``: one process, first, before any other check; its ``node_info(payload)`` describes
-  the node (GPUs, what the PCI bus shows) for every other check. ``GPU``: one rank per visible
-  GPU, inside the shared GPU worker processes (gpuenv.checks.worker), one check after the
-  other. ``LAUNCHER``: its own launcher (torchrun, mpirun) given by ``command``; its ranks run
-  ``python -m <module>``, read their context with ``ranklog.launched_rank`` and wait at the gate.
+  the node (GPUs, what the PCI bus shows) for every other check, and ``early_node(ctx)``
+  guesses that answer from files so the launchers can start during the probe. ``GPU``: one
+  rank per visible GPU, inside the shared GPU worker processes (gpuenv.checks.worker), one
+  check after the other. ``LAUNCHER``: its own launcher (torchrun, mpirun) given by
+  ``command``; its ranks run ``python -m <module>``, read their context with
+  ``ranklog.launched_rank`` and wait at the gate.
 - ``unavailable(ctx, node)``: None when it can run here, else why not (the SKIP's reason).
 - ``world(ctx, node)``: how many ranks (GPU placement: one per visible GPU).
 - ``rank_main(rc: RankContext) -> payload`` for PROBE and GPU placement: the rank's work.
@@ -98,6 +100,13 @@ class RankCheck(Check, Protocol):
 
 class ProbeCheck(RankCheck, Protocol):
     def node_info(self, payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo: ...
+
+    def early_node(self, ctx: Context) -> NodeInfo | None:
+        """The probe's answer guessed from files in milliseconds, before the probe runs, so
+        that the launchers (seconds to start) start during the probe; None when no guess is
+        safe. A guess decides nothing: the engine keeps a launch started on it only when the
+        probe's own answer gives the same command and environment."""
+        ...
 
 
 class LaunchedCheck(Check, Protocol):

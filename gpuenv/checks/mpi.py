@@ -29,7 +29,6 @@ DESCRIPTION = (
 )
 
 PLACEMENT = Placement.LAUNCHER
-PATHS = ("cuda-aware", "host-staging", "numpy")
 MIN_RANKS = 2  # one rank agreeing with itself proves nothing
 
 
@@ -74,6 +73,8 @@ def cuda_aware(ompi_info_output: str) -> bool:
 
 
 def choose_path(has_gpu: bool) -> str:
+    """How buffers reach MPI. Asked by rank 0 before the gate: ``ompi_info --all`` takes about
+    a second, which the parent would otherwise spend before it can start the next launcher."""
     if not has_gpu:
         return "numpy"
     return "cuda-aware" if cuda_aware(_ompi_info()) else "host-staging"
@@ -95,8 +96,8 @@ def command(ctx: Context, node: NodeInfo, world: int) -> list[str]:
         argv.append("--oversubscribe")
         if os.geteuid() == 0:
             argv.append("--allow-run-as-root")
-    path = choose_path(node.has_gpu)
-    return [*argv, sys.executable, "-m", "gpuenv.checks.mpi", "--path", path, "--mib", str(mib)]
+    device = "cuda" if node.has_gpu else "cpu"
+    return [*argv, sys.executable, "-m", "gpuenv.checks.mpi", "--device", device, "--mib", str(mib)]
 
 
 def environment(ctx: Context, node: NodeInfo) -> dict[str, str]:
@@ -134,7 +135,7 @@ def judge(
 
 def rank_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpuenv.checks.mpi")
-    parser.add_argument("--path", choices=PATHS, required=True)
+    parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
     parser.add_argument("--mib", type=float, default=16)
     args = parser.parse_args(argv)
 
@@ -146,8 +147,10 @@ def rank_main(argv: Sequence[str]) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     log = ranklog.RankLog(ranklog.RankConfig.load().events, rank)
     log.mark(NAME, "start")
+    # One answer for every rank: rank 0 asks Open MPI, the others take its word.
+    path = comm.bcast(choose_path(args.device == "cuda") if rank == 0 else None, root=0)
     device = None
-    if args.path == "numpy":
+    if path == "numpy":
         xp: Any = np
         why = "no GPU: numpy buffers"
     else:
@@ -158,14 +161,14 @@ def rank_main(argv: Sequence[str]) -> int:
         cp.cuda.Device(device).use()
         why = (
             "Open MPI built with CUDA support: CuPy buffers passed directly"
-            if args.path == "cuda-aware"
+            if path == "cuda-aware"
             else "Open MPI not CUDA-aware: CuPy buffers staged through host memory"
         )
 
     ranklog.wait_gate()
     rc = ranklog.launched_rank(NAME, rank, size, device or 0)
     with ranklog.Heartbeat(log, NAME):
-        _collectives(rc, comm, MPI, mpi4py, np, xp, args.path, args.mib, why, device)
+        _collectives(rc, comm, MPI, mpi4py, np, xp, path, args.mib, why, device)
     comm.Barrier()
     return 0
 

@@ -4,8 +4,10 @@
    other checks may use (``NodeInfo``) and gives its own verdict.
 2. Each other check is asked whether it can run here (``unavailable``); a check that cannot is
    a SKIP with its reason. GPU-placement checks also need a visible GPU.
-3. LAUNCHER checks are started at once (torchrun and mpirun take seconds to start) and wait at
-   their gate.
+3. LAUNCHER checks are started early (torchrun and mpirun take seconds to start) and wait at
+   their gate: during the probe, on the probe's guess from files (``early_node``); a launch
+   whose command or environment differs once the probe has answered is killed and started
+   again on the answer.
 4. GPU checks run in one worker process per visible GPU, one check after the other, each under
    its own deadline that starts when the check before it ended.
 5. The gates open one at a time, in registry order; each launch runs under its deadline.
@@ -35,7 +37,7 @@ from gpuenv.results import Result, Status
 
 # How long a launcher may take to exit once all its ranks reported: NCCL and torchrun teardown
 # take seconds and decide nothing, the verdict is in.
-TEARDOWN_S = 0.5
+TEARDOWN_S = 0.2
 # After a rank died, how long its peers get to report what they saw (they abort by themselves).
 PEER_REPORT_S = 0.2
 # How long the GPU workers get to exit once every check reported.
@@ -78,6 +80,7 @@ class _Session:
 
     def config(self, name: str, checks: Sequence[str], world: int, gate: Path | None) -> Path:
         events = self.workdir / name
+        shutil.rmtree(events, ignore_errors=True)  # a launch started on a wrong guess wrote here
         events.mkdir()
         config = ranklog.RankConfig(
             world=world,
@@ -100,6 +103,19 @@ class _Session:
     def done(self, result: Result) -> None:
         self.results[result.check] = result
         self.progress.end(result.check, result.reason, result.status.value)
+
+
+@dataclass
+class _Prestart:
+    """A launcher waiting at its gate, and what it was started with."""
+
+    launch: proc.Launch
+    gate: Path
+    events: Path
+    world: int
+    argv: list[str]
+    extra: dict[str, str]
+    early: bool  # started during the probe, on its guess
 
 
 @dataclass
@@ -136,12 +152,15 @@ def run_checks(
     return NodeRun(node, [session.results[n] for n in registry if n in session.results])
 
 
-def _probe(session: _Session, names: Sequence[str]) -> NodeInfo:
-    ctx, registry = session.ctx, session.registry
+def _the_probe(registry: Mapping[str, Check]) -> ProbeCheck:
     probes = [c for c in registry.values() if c.PLACEMENT is Placement.PROBE]
     if len(probes) != 1:
         raise ValueError(f"the registry needs exactly one PROBE check, it has {len(probes)}")
-    check = cast(ProbeCheck, probes[0])
+    return cast(ProbeCheck, probes[0])
+
+
+def _probe(session: _Session, names: Sequence[str], check: ProbeCheck) -> NodeInfo:
+    ctx = session.ctx
     name = check.NAME
     wanted = name in names
     if wanted:
@@ -171,41 +190,80 @@ def _probe(session: _Session, names: Sequence[str]) -> NodeInfo:
     return node
 
 
+def _why_not(session: _Session, check: Check, node: NodeInfo) -> tuple[str | None, int]:
+    """Why ``check`` cannot run on ``node`` (None when it can), and its world."""
+    why_not = None
+    if check.PLACEMENT is Placement.GPU and not node.has_gpu:
+        why_not = node.no_gpu or "no NVIDIA GPU visible"
+    why_not = why_not or check.unavailable(session.ctx, node)
+    world = 0 if why_not else check.world(session.ctx, node)
+    if not why_not and world < 1:
+        why_not = f"{check.NAME} has no rank to run here (world {world})"
+    return why_not, world
+
+
+def _prestart(
+    session: _Session,
+    check: LaunchedCheck,
+    node: NodeInfo,
+    world: int,
+    early: bool,
+    previous: _Prestart | None = None,
+) -> _Prestart:
+    """Start ``check``'s launcher for ``node``; it waits at its gate until its turn. A launch
+    started before with the same command and environment is kept (it is further on)."""
+    argv = check.command(session.ctx, node, world)
+    extra = check.environment(session.ctx, node)
+    if previous is not None:
+        if (previous.argv, previous.extra, previous.world) == (argv, extra, world):
+            return previous
+        previous.launch.kill()
+    name = check.NAME
+    gate = session.workdir / f"{name}.gate"
+    config = session.config(name, [name], world, gate)
+    launch = session.start(argv, name, {ranklog.CONFIG_ENV: str(config), **extra})
+    return _Prestart(launch, gate, session.workdir / name, world, argv, extra, early)
+
+
 def _run(session: _Session, names: list[str]) -> NodeInfo:
     ctx, registry = session.ctx, session.registry
-    node = _probe(session, names)
+    launchers = [
+        (n, cast(LaunchedCheck, registry[n]))
+        for n in names
+        if registry[n].PLACEMENT is Placement.LAUNCHER
+    ]
+    probe = _the_probe(registry)
+    guess = probe.early_node(ctx) if launchers else None
+    early: dict[str, _Prestart] = {}
+    for name, launcher in launchers if guess is not None else []:
+        why_not, world = _why_not(session, launcher, guess)
+        if not why_not:
+            early[name] = _prestart(session, launcher, guess, world, True)
+    node = _probe(session, names, probe)
 
     gpu_names: list[str] = []
-    launched: dict[str, tuple[proc.Launch, Path, Path, int]] = {}
+    launched: dict[str, _Prestart] = {}
     for name in names:
         check = registry[name]
         if check.PLACEMENT is Placement.PROBE:
             continue
-        why_not = None
-        if check.PLACEMENT is Placement.GPU and not node.has_gpu:
-            why_not = node.no_gpu or "no NVIDIA GPU visible"
-        why_not = why_not or check.unavailable(ctx, node)
-        world = 0 if why_not else check.world(ctx, node)
-        if not why_not and world < 1:
-            why_not = f"{name} has no rank to run here (world {world})"
+        why_not, world = _why_not(session, check, node)
         if why_not:
+            if name in early:
+                early.pop(name).launch.kill()
             session.done(Result(name, ctx.node, Status.SKIP, why_not))
-            continue
-        if check.PLACEMENT is Placement.GPU:
+        elif check.PLACEMENT is Placement.GPU:
             gpu_names.append(name)
-            continue
-        # Prestart the launcher; it waits at its gate until its turn.
-        gate = session.workdir / f"{name}.gate"
-        config = session.config(name, [name], world, gate)
-        launcher = cast(LaunchedCheck, check)
-        env = {ranklog.CONFIG_ENV: str(config), **launcher.environment(ctx, node)}
-        launch = session.start(launcher.command(ctx, node, world), name, env)
-        launched[name] = (launch, gate, session.workdir / name, world)
+        else:
+            previous = early.pop(name, None)
+            launched[name] = _prestart(
+                session, cast(LaunchedCheck, check), node, world, False, previous
+            )
 
     if gpu_names:
         _gpu_stage(session, gpu_names, node)
-    for name, (launch, gate, events, world) in launched.items():
-        session.done(_launched(session, node, name, launch, gate, events, world))
+    for name, started in launched.items():
+        session.done(_launched(session, node, name, started))
     return node
 
 
@@ -324,16 +382,9 @@ def _gpu_stage(session: _Session, names: list[str], node: NodeInfo) -> None:
         proc.wait(launch, WORKER_EXIT_S)
 
 
-def _launched(
-    session: _Session,
-    node: NodeInfo,
-    name: str,
-    launch: proc.Launch,
-    gate: Path,
-    events_dir: Path,
-    world: int,
-) -> Result:
+def _launched(session: _Session, node: NodeInfo, name: str, started: _Prestart) -> Result:
     """Open a prestarted launch's gate, wait for it under the deadline, judge its ranks."""
+    launch, gate, events_dir, world = started.launch, started.gate, started.events, started.world
     ctx = session.ctx
     check = session.registry[name]
     deadline_s = ctx.deadline_s(name)
@@ -358,6 +409,7 @@ def _launched(
         "timeline_s": ranklog.timeline(events, name, opened),
         "launcher_exit_s": round(outcome.elapsed_s, 3),
         "launcher_ended_after_results": outcome.stopped,
+        "launcher_started": "during the probe" if started.early else "after the probe",
     }
 
     def failed(text: str, details: dict[str, Any], status: Status = Status.FAIL) -> Result:

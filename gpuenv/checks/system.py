@@ -187,6 +187,30 @@ def node_info(payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo:
     return NodeInfo(gpus=gpus, no_gpu=no_gpu, pci_gpus=pci)
 
 
+def early_node(ctx: Context) -> NodeInfo | None:
+    """The GPUs the NVIDIA driver lists in /proc/driver/nvidia/gpus (no driver: none),
+    narrowed by CUDA_VISIBLE_DEVICES when it holds plain indices; None when it names GPUs by
+    UUID or MIG instance (only NVML can tell those apart). A guess: see base.ProbeCheck."""
+    listed = Path(os.environ.get(ROOT_ENV, "/")) / "proc/driver/nvidia/gpus"
+    try:
+        buses = sorted(p.name for p in listed.iterdir()) if listed.is_dir() else []
+    except OSError:
+        return None
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    indices = list(range(len(buses)))
+    if spec is not None:
+        items = [s.strip() for s in spec.split(",")]
+        if not all(i.isdigit() or not i for i in items):
+            return None
+        indices = []
+        for item in items:
+            if not item or int(item) >= len(buses):
+                break  # CUDA stops at the first invalid entry
+            indices.append(int(item))
+    gpus = [{"index": i, "pci_bus_id": normal_bus_id(buses[i])} for i in indices]
+    return NodeInfo(gpus=gpus, no_gpu=None if gpus else "no NVIDIA GPU listed by the driver")
+
+
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:
     return None
 

@@ -83,6 +83,39 @@ def test_pci_bus_is_read_through_the_root_override(tmp_path):
     assert system.normal_bus_id("00000000:17:00.0") == "0000:17:00.0"
 
 
+@pytest.mark.parametrize(
+    ("visible", "guess"),
+    [
+        (None, ["0000:17:00.0", "0000:65:00.0"]),
+        ("1", ["0000:65:00.0"]),
+        ("1,7,0", ["0000:65:00.0"]),  # CUDA stops at the first invalid entry
+        ("", []),
+        ("GPU-5f6b5afc", None),  # a UUID: only NVML can tell, no guess
+    ],
+)
+def test_the_probe_s_early_guess_reads_the_driver_s_gpu_list(tmp_path, monkeypatch, visible, guess):
+    for bus in ("0000:65:00.0", "0000:17:00.0"):
+        (tmp_path / "proc/driver/nvidia/gpus" / bus).mkdir(parents=True)
+    monkeypatch.setenv(system.ROOT_ENV, str(tmp_path))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    node = system.early_node(Context(node="n1"))
+    if guess is None:
+        assert node is None
+    else:
+        assert [g["pci_bus_id"] for g in node.gpus] == guess
+        assert node.has_gpu is bool(guess)
+
+
+def test_without_the_driver_the_early_guess_is_a_node_without_gpus(tmp_path, monkeypatch):
+    monkeypatch.setenv(system.ROOT_ENV, str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    node = system.early_node(Context(node="n1"))
+    assert node is not None and not node.has_gpu
+
+
 # ---------------------------------------------------------------- cupy, streams
 
 

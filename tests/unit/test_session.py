@@ -23,6 +23,8 @@ def _importable(monkeypatch):
     """The ranks are child processes: they must import the fake checks too."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.delenv("GPUENV_FAULT", raising=False)
+    monkeypatch.delenv("FAKE_EARLY_GPUS", raising=False)
+    monkeypatch.delenv("FAKE_LAUNCHED_NEEDS_GPU", raising=False)
 
 
 def _ctx(deadlines=None, **params):
@@ -95,6 +97,38 @@ def test_a_rank_frozen_in_the_same_stage_as_its_peer_is_named(monkeypatch):
     assert r.details["ranks_behind"] == [1]
     assert "rank 1 (frozen in 'meet'" in r.reason
     assert proc.processes_with_env("GPUENV_FAULT", fault) == []
+
+
+def test_launchers_start_during_the_probe_on_its_guess(monkeypatch):
+    monkeypatch.setenv("FAKE_EARLY_GPUS", "2")
+    results, _, _ = _run(["launched"])
+    assert results["launched"].reason == "2 ranks posted [1, 2]"
+    assert results["launched"].details["launcher_started"] == "during the probe"
+
+
+def test_without_a_guess_launchers_start_after_the_probe():
+    results, _, _ = _run(["launched"])
+    assert results["launched"].status is Status.PASS
+    assert results["launched"].details["launcher_started"] == "after the probe"
+
+
+def test_a_wrong_guess_is_killed_and_the_launcher_started_again_on_the_probe_s_answer(monkeypatch):
+    monkeypatch.setenv("FAKE_EARLY_GPUS", "3")  # the probe will say 2: world 3 becomes 2
+    results, _, _ = _run(["launched"])
+    r = results["launched"]
+    assert r.status is Status.PASS, r.reason
+    assert r.reason == "2 ranks posted [1, 2]"
+    assert r.details["launcher_started"] == "after the probe"
+    assert proc.processes_with_env("FAKE_LAUNCHED_FOR", "3 GPUs") == []
+
+
+def test_a_launch_started_on_a_guess_is_killed_when_the_probe_says_it_cannot_run(monkeypatch):
+    monkeypatch.setenv("FAKE_EARLY_GPUS", "2")
+    monkeypatch.setenv("FAKE_GPUS", "0")
+    monkeypatch.setenv("FAKE_LAUNCHED_NEEDS_GPU", "1")
+    results, _, _ = _run(["launched"])
+    assert results["launched"].reason == "needs a GPU"
+    assert proc.processes_with_env("FAKE_LAUNCHED_FOR", "2 GPUs") == []
 
 
 def test_the_probe_is_required_exactly_once():

@@ -2,6 +2,7 @@
 exchange nothing but files, and post rank+1. ``python -m fakechecks.launched launch N`` is the
 launcher; ``python -m fakechecks.launched rank R N`` a rank."""
 
+import os
 import subprocess
 import sys
 import time
@@ -16,11 +17,13 @@ PLACEMENT = Placement.LAUNCHER
 
 
 def unavailable(ctx, node):
+    if os.environ.get("FAKE_LAUNCHED_NEEDS_GPU") and not node.has_gpu:
+        return "needs a GPU"
     return None
 
 
 def world(ctx, node):
-    return 2
+    return max(2, len(node.gpus))
 
 
 def command(ctx, node, world):
@@ -28,7 +31,7 @@ def command(ctx, node, world):
 
 
 def environment(ctx, node):
-    return {"FAKE_LAUNCHED": "1"}
+    return {"FAKE_LAUNCHED_FOR": f"{len(node.gpus)} GPUs"}
 
 
 def judge(ctx, node, payloads, world):

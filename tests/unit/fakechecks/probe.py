@@ -1,4 +1,5 @@
-"""A PROBE that reports the GPUs named in FAKE_GPUS (a count) without touching any GPU."""
+"""A PROBE that reports the GPUs named in FAKE_GPUS (a count) without touching any GPU, and
+guesses FAKE_EARLY_GPUS of them before it runs (no guess when that is unset)."""
 
 import os
 
@@ -27,6 +28,13 @@ def node_info(payload, why):
         return NodeInfo(no_gpu=why)
     gpus = [{"index": i, "name": "Fake GPU"} for i in range(payload["gpus"])]
     return NodeInfo(gpus=gpus, no_gpu=None if gpus else "no fake GPU")
+
+
+def early_node(ctx):
+    guess = os.environ.get("FAKE_EARLY_GPUS")
+    if guess is None:
+        return None
+    return node_info({"gpus": int(guess)}, None)
 
 
 def judge(ctx, node, payloads, world):
