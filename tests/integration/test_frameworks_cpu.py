@@ -80,3 +80,28 @@ def test_a_hung_dask_client_fails_in_time_and_leaves_no_worker(tmp_path):
     assert d["details"]["last_stage"]["0"] == "compute"
     assert elapsed < 20 + 30
     assert processes_with_env("GPUENV_TEST_TAG", tag) == []
+
+
+def test_the_dask_stage_spans_two_emulated_nodes_and_leaves_nothing(monkeypatch):
+    """`gpuenv cluster`'s optional dask stage: the scheduler and client on the first node, a worker
+    on each, numpy blocks (no GPU), every worker computing; then nothing of it is left."""
+    _require("dask", "distributed")
+    import socket
+
+    from gpuenv.cluster import pipeline
+    from gpuenv.cluster.inventory import Host
+
+    tag = str(uuid.uuid4())
+    monkeypatch.setenv("GPUENV_TEST_TAG", tag)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hosts = [Host(n, n, "127.0.0.1", local=True, python=sys.executable) for n in ("a", "b")]
+    opts = pipeline.Options(stages=("rendezvous", "dask"), port=port, deadline_s=90,
+                            dask_size=(512, 128))  # fmt: skip
+    run = pipeline.validate(hosts, opts)
+    r = next(r for r in run.results if r.check == "dask")
+    assert r.status.value == "PASS", r.reason
+    assert "2 workers on 2 nodes (scheduler on a), numpy blocks (CPU-only nodes)" in r.reason
+    assert len(r.details["workers"]) == 2 and r.details["left_running"] == {}
+    assert processes_with_env("GPUENV_TEST_TAG", tag) == []

@@ -318,3 +318,40 @@ def test_dask_workers_see_the_parents_visible_gpus(monkeypatch):
     assert dask.visible_gpu_ids(2) == ["2", "3"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert dask.visible_gpu_ids(2) == ["0", "1"]
+
+
+# ---------------------------------------------------------------- the cluster's dask stage
+
+
+def test_the_dask_stage_runs_only_when_asked():
+    from gpuenv.cli.cluster import _stages
+    from gpuenv.cluster import pipeline
+    from gpuenv.errors import BadInput
+
+    assert "dask" in pipeline.OPTIONAL_STAGES
+    assert "dask" not in _stages([])
+    assert _stages([], ["dask"])[-1] == "dask"
+    thresholds = load_thresholds()
+    required = requirements(thresholds, "frameworks", False, "cluster")
+    assert "dask" in _stages([], [], required)
+    assert "dask" not in _stages(["dask"], [], required)  # --skip wins
+    with pytest.raises(BadInput, match="--with: unknown stage"):
+        _stages([], ["torch"])  # not an optional stage: it runs anyway
+
+
+def test_an_empty_stage_list_leaves_optional_stages_out(monkeypatch):
+    from gpuenv.cluster import pipeline
+
+    ran = []
+    stages = tuple(
+        pipeline.Stage(s.name, lambda state, n=s.name: ran.append(n), optional=s.optional)
+        for s in pipeline.STAGES
+    )
+    monkeypatch.setattr(pipeline, "STAGES", stages)
+    monkeypatch.setattr(pipeline, "probe_stage", lambda state: None)
+    monkeypatch.setattr(pipeline, "_why_not", lambda stage, state: None)
+    pipeline.validate([], pipeline.Options())
+    assert "dask" not in ran and "torch" in ran
+    ran.clear()
+    pipeline.validate([], pipeline.Options(stages=("dask",)))
+    assert ran == ["dask"]
