@@ -157,6 +157,9 @@ def _dask_children(
     child processes of this one: each worker sees only its GPU, as dask-cuda arranges it."""
     import subprocess
 
+    from gpuenv.checks.dask import visible_gpu_ids
+
+    ids = visible_gpu_ids(gpus)  # within this node's own CUDA_VISIBLE_DEVICES, where it has one
     children = []
     if own_scheduler:
         host, port = own_scheduler.rsplit(":", 1)
@@ -167,7 +170,7 @@ def _dask_children(
     for i in range(workers):
         env = dict(os.environ)
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
+            env["CUDA_VISIBLE_DEVICES"] = ids[i % len(ids)]
         children.append(subprocess.Popen([
             sys.executable, "-m", "distributed.cli.dask_worker", f"tcp://{scheduler}",
             "--nthreads", "1", "--nworkers", "1", "--no-dashboard", "--name", f"{name}-{i}",
