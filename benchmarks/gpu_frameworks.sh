@@ -49,10 +49,14 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
 timed pip-dask pip install --no-index --find-links "$WHEELS" dask distributed
 timed pip-pycuda-deps pip install --no-index --find-links "$WHEELS" setuptools wheel pytools mako \
   platformdirs
-# pycuda's C++ extension: one compiler per core (distutils reads build_ext's `parallel` from the
-# user's .pydistutils.cfg), against this machine's CUDA (nvcc on PATH gives CUDA_ROOT).
+# pycuda's C++ extension, against this machine's CUDA (nvcc on PATH gives CUDA_ROOT). Its CURAND
+# wrapper needs curand.h, which a toolkit without the math libraries lacks (seen on the development
+# machine's CUDA 13.0): pycuda's own setting (~/.aksetup-defaults.py) turns it off then.
 cfg=$(mktemp -d)
-printf '[build_ext]\nparallel = %s\n' "$(nproc)" >"$cfg/.pydistutils.cfg"
+if [ ! -e "$CUDA/include/curand.h" ]; then
+  echo 'CUDA_ENABLE_CURAND = False' >"$cfg/.aksetup-defaults.py"
+  echo "no $CUDA/include/curand.h: pycuda built without its CURAND wrapper" | tee -a "$SUMMARY"
+fi
 HOME=$cfg timed pip-pycuda pip install --no-index --find-links "$WHEELS" --no-build-isolation \
   pycuda
 "$VENV/bin/python" -c 'import dask, distributed, pycuda, cupy, torch; print("dask", dask.__version__, "distributed", distributed.__version__, "pycuda", pycuda.VERSION_TEXT, "cupy", cupy.__version__, "torch", torch.__version__)' 2>&1 |
@@ -70,7 +74,8 @@ timed profile check --profile frameworks --json "$OUT/frameworks.json"
 say "3. a dask client hung with its GPU workers up: FAIL by the deadline, nothing left"
 GPUENV_FAULT=hang:rank=0:check=dask:stage=compute \
   timed hung check --only dask --deadline 30 --json "$OUT/hung.json"
-pgrep -af 'distributed|gpuenv' | grep -v pgrep | tee -a "$SUMMARY" || true
+pgrep -af 'distributed[.]cli|spawn_main|gpuenv[.]check|gpuenv[.]cluster' | grep -v pgrep |
+  tee -a "$SUMMARY" || true
 
 say "4. gpuenv cluster's dask stage across two emulated nodes"
 PYTHONPATH=$REPO timed cluster "$VENV/bin/python" - <<'PY'
@@ -90,6 +95,7 @@ for r in run.results:
 dask = next(r for r in run.results if r.check == "dask")
 print(json.dumps(dask.to_dict())[:1500])
 PY
-pgrep -af 'distributed|gpuenv' | grep -v pgrep | tee -a "$SUMMARY" || true
+pgrep -af 'distributed[.]cli|spawn_main|gpuenv[.]check|gpuenv[.]cluster' | grep -v pgrep |
+  tee -a "$SUMMARY" || true
 
 tar -C "$OUT" -czf "$OUT/logs.tgz" --remove-files $(cd "$OUT" && ls *.log)
