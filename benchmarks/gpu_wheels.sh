@@ -2,9 +2,9 @@
 # Download, here, what the GPU machine lacks for the optional framework checks: the cp312
 # manylinux wheels of dask + distributed and their dependencies, the pycuda sdist and what it
 # needs to build and run (the GPU machine has no network). Packages the GPU machine already has
-# (torch, cupy, numpy, mpi4py, rich, PyYAML, Jinja2 and theirs) are left out. TensorFlow (about
-# 600 MB of wheels with its CUDA libraries) and Horovod (it does not build for torch >= 2.1)
-# cannot be brought: their checks SKIP there, saying so.
+# (torch, cupy, numpy, mpi4py, rich, PyYAML, Jinja2 and theirs) are left out. TensorFlow (the
+# tensorflow 2.21.0 cp312 wheel is 546 MiB before its CUDA libraries, tensorflow-cpu 261 MiB) and
+# Horovod (it does not build for torch >= 2.1) cannot be brought: their checks SKIP there, saying so.
 #
 #   bash benchmarks/gpu_wheels.sh            # into .cache/gpu-wheels (git-ignored), prints its size
 #
