@@ -57,6 +57,14 @@ if [ ! -e "$CUDA/include/curand.h" ]; then
   echo 'CUDA_ENABLE_CURAND = False' >"$cfg/.aksetup-defaults.py"
   echo "no $CUDA/include/curand.h: pycuda built without its CURAND wrapper" | tee -a "$SUMMARY"
 fi
+# It links with -lcuda: the toolkit's stub, or else the driver's own library by that name.
+if [ ! -e "$CUDA/lib64/stubs/libcuda.so" ] && [ ! -e "$CUDA/lib64/libcuda.so" ] &&
+  ! ldconfig -p | grep -q 'libcuda\.so '; then
+  driver=$(ldconfig -p | awk '/libcuda\.so\.1 .*x86-64/ {print $NF; exit}')
+  mkdir -p "$cfg/lib" && ln -sf "$driver" "$cfg/lib/libcuda.so"
+  export LIBRARY_PATH="$cfg/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  echo "no libcuda.so stub under $CUDA/lib64: linking against $driver" | tee -a "$SUMMARY"
+fi
 HOME=$cfg timed pip-pycuda pip install --no-index --find-links "$WHEELS" --no-build-isolation \
   pycuda
 "$VENV/bin/python" -c 'import dask, distributed, pycuda, cupy, torch; print("dask", dask.__version__, "distributed", distributed.__version__, "pycuda", pycuda.VERSION_TEXT, "cupy", cupy.__version__, "torch", torch.__version__)' 2>&1 |

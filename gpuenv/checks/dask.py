@@ -67,7 +67,7 @@ def command(ctx: Context, node: NodeInfo, world: int) -> list[str]:
 
 
 def environment(ctx: Context, node: NodeInfo) -> dict[str, str]:
-    return {"OMP_NUM_THREADS": "1", "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    return {"OMP_NUM_THREADS": "1"}
 
 
 # ---------------------------------------------------------------- the computation
