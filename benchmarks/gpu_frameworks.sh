@@ -61,7 +61,8 @@ fi
 if [ ! -e "$CUDA/lib64/stubs/libcuda.so" ] && [ ! -e "$CUDA/lib64/libcuda.so" ] &&
   ! ldconfig -p | grep -q 'libcuda\.so '; then
   driver=$(ldconfig -p | awk '/libcuda\.so\.1 .*x86-64/ {print $NF; exit}')
-  mkdir -p "$cfg/lib" && ln -sf "$driver" "$cfg/lib/libcuda.so"
+  [ -n "$driver" ] || echo "no libcuda.so.1 in the loader's cache: the link will fail" | tee -a "$SUMMARY"
+  mkdir -p "$cfg/lib" && ln -sf "${driver:-/nonexistent}" "$cfg/lib/libcuda.so"
   export LIBRARY_PATH="$cfg/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
   echo "no libcuda.so stub under $CUDA/lib64: linking against $driver" | tee -a "$SUMMARY"
 fi
