@@ -47,10 +47,7 @@ def world(ctx: Context, node: NodeInfo) -> int:
 
 def command(ctx: Context, node: NodeInfo, world: int) -> list[str]:
     epochs = int(ctx.profile_params(NAME).get("epochs", 5))
-    return [
-        sys.executable, "-m", "gpuenv.checks.tensorflow", "--epochs", str(epochs),
-        "--gpus", str(len(node.gpus)),
-    ]  # fmt: skip
+    return [sys.executable, "-m", "gpuenv.checks.tensorflow", "--epochs", str(epochs)]
 
 
 def environment(ctx: Context, node: NodeInfo) -> dict[str, str]:
@@ -86,6 +83,10 @@ def judge(
             f"the node has {len(node.gpus)} GPU(s) but TensorFlow sees none"
             " (a CPU-only build such as tensorflow-cpu?)"
         )
+    elif kind == "gpu" and int(p["physical_devices"]) < len(node.gpus):
+        problems.append(
+            f"TensorFlow sees {p['physical_devices']} of the node's {len(node.gpus)} GPUs"
+        )
     where = {
         "gpu": f"{p['physical_devices']} GPU(s)",
         "cpu": "CPU only (2 logical CPU devices; no GPU verified)",
@@ -105,7 +106,7 @@ def judge(
     return verdict(ctx, NAME, problems, [], passed, ms, {"tensorflow": p["tensorflow"]}, details)
 
 
-def _split_devices(tf: Any, gpus: int) -> tuple[str, int]:
+def _split_devices(tf: Any) -> tuple[str, int]:
     """Make at least MIN_REPLICAS logical devices; return their kind and the physical count."""
     physical = tf.config.list_physical_devices("GPU")
     if len(physical) >= MIN_REPLICAS:
@@ -170,7 +171,6 @@ def train(tf: Any, kind: str, epochs: int, mark: Any) -> dict[str, Any]:
 def rank_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpuenv.checks.tensorflow")
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--gpus", type=int, default=0)
     args = parser.parse_args(argv)
     log = ranklog.RankLog(ranklog.RankConfig.load().events, 0)
     log.mark(NAME, "start")
@@ -182,7 +182,7 @@ def rank_main(argv: Sequence[str]) -> int:
     rc = ranklog.launched_rank(NAME, 0, 1)
     with ranklog.Heartbeat(log, NAME):
         rc.mark("devices")
-        kind, physical = _split_devices(tf, args.gpus)
+        kind, physical = _split_devices(tf)
         outcome = train(tf, kind, args.epochs, rc.mark)
         log.result(NAME, {
             **outcome,

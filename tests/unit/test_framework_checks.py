@@ -187,6 +187,8 @@ def test_tensorflow_fails_on_bad_training(bad, words):
 def test_tensorflow_that_sees_no_gpu_on_a_gpu_node_fails():
     r = tensorflow.judge(_ctx(), _gpus(2), {0: _tf()}, 1)
     assert r.status is Status.FAIL and "TensorFlow sees none" in r.reason
+    fewer = tensorflow.judge(_ctx(), _gpus(4), {0: _tf(device_kind="gpu", physical_devices=2)}, 1)
+    assert fewer.status is Status.FAIL and "TensorFlow sees 2 of the node's 4 GPUs" in fewer.reason
 
 
 # ---------------------------------------------------------------- horovod
