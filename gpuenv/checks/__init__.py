@@ -4,16 +4,20 @@ Adding a check is one module that follows the contract in gpuenv.checks.base, on
 its deadline under ``deadlines_s`` in gpuenv/data/thresholds.yaml. The order here is the order
 they run and are reported in (launched checks open their gates in this order: mpi before ddp,
 because torchrun's ranks are still importing torch when mpirun's are ready).
+
+A check whose module sets ``OPTIONAL = True`` (the frameworks of the seed documents: pycuda,
+tensorflow, horovod, dask) runs only when asked: named by ``--only``, or required by the profile
+(``frameworks``). See gpuenv.checks.profiles.default_names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuenv.checks import cupy, ddp, mpi, nccl, streams, system
+from gpuenv.checks import cupy, dask, ddp, horovod, mpi, nccl, pycuda, streams, system, tensorflow
 from gpuenv.checks.base import Check
 
 REGISTRY: Mapping[str, Check] = {
     c.NAME: c  # type: ignore[misc]
-    for c in (system, cupy, streams, nccl, mpi, ddp)
+    for c in (system, cupy, streams, nccl, pycuda, mpi, ddp, horovod, tensorflow, dask)
 }

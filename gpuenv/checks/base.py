@@ -154,6 +154,17 @@ def has_module(module: str) -> bool:
         return False
 
 
+def rank_problems(
+    payloads: Mapping[int, Mapping[str, Any]], world: int, min_ranks: int, what: str
+) -> list[str]:
+    """The first rule of a collective's judge: every rank's own ``errors``, by rank, and a world
+    too small for ``what`` (a collective with itself) to prove anything."""
+    found = [f"rank {r}: {e}" for r, p in sorted(payloads.items()) for e in p.get("errors", [])]
+    if world < min_ranks:
+        found.append(f"{world} rank(s): {what} with itself proves nothing")
+    return found
+
+
 def verdict(
     ctx: Context,
     check: str,

@@ -20,7 +20,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuenv.checks import ranklog
-from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, verdict
+from gpuenv.checks.base import (
+    Context,
+    NodeInfo,
+    Placement,
+    has_module,
+    rank_problems,
+    verdict,
+)
 from gpuenv.results import Measurement, Result
 
 NAME = "mpi"
@@ -108,9 +115,7 @@ def judge(
     ctx: Context, node: NodeInfo, payloads: Mapping[int, Mapping[str, Any]], world: int
 ) -> Result:
     first = payloads[0]
-    found = [f"rank {r}: {e}" for r, p in sorted(payloads.items()) for e in p.get("errors", [])]
-    if world < MIN_RANKS:
-        found.append(f"{world} rank(s): a collective with itself proves nothing")
+    found = rank_problems(payloads, world, MIN_RANKS, "a collective")
     slowest = max(float(p["allreduce_s"]) for p in payloads.values())
     ms = [
         Measurement("ranks", world, "", float(MIN_RANKS), "min"),

@@ -82,6 +82,20 @@ def count_not_equal(cp: Any, arr: Any, value: float, count: int) -> int:
     return int(out.get()[0])
 
 
+def busbw_floor(
+    ctx: Context, gpus: list[dict[str, Any]]
+) -> tuple[str, float | None, float, float | None]:
+    """The all-reduce busbw a healthy node reaches between its GPUs: (link, link spec GB/s,
+    efficiency, floor = spec x efficiency); spec and floor are None where gpu_specs.yaml has no
+    figure. NVLink where every GPU has active NVLinks, else PCIe. Any NCCL all-reduce inside
+    the node is held to it (this check, and horovod over NCCL)."""
+    link = "NVLink" if gpus and all(g.get("nvlink_active") for g in gpus) else "PCIe"
+    row = model_spec(ctx.specs, gpus[0]) if gpus else None
+    spec = link_spec_gbps(ctx.specs, gpus[0], link) if gpus else None
+    eff = nccl_efficiency(ctx.thresholds, row.get("key") if row else None, link)
+    return link, spec, eff, spec * eff if spec else None
+
+
 def bus_factor(world: int) -> float:
     """nccl-tests' all-reduce bus bandwidth factor 2(n-1)/n."""
     return 2.0 * (world - 1) / world
@@ -286,11 +300,7 @@ def judge(
             versions=versions,
             details={"timeouts": timeouts},
         )
-    link = "NVLink" if gpus and all(g.get("nvlink_active") for g in gpus) else "PCIe"
-    row = model_spec(ctx.specs, gpus[0]) if gpus else None
-    spec = link_spec_gbps(ctx.specs, gpus[0], link) if gpus else None
-    eff = nccl_efficiency(ctx.thresholds, row.get("key") if row else None, link)
-    threshold = spec * eff if spec else None
+    link, spec, eff, threshold = busbw_floor(ctx, gpus)
     factor = bus_factor(world)
     sweep = []
     for k, first in enumerate(payloads[0]["sweep"]):

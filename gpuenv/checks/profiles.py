@@ -32,6 +32,22 @@ def requirements(
     return None if names is None else [str(n) for n in names]
 
 
+def is_optional(check: Check) -> bool:
+    """An optional check (``OPTIONAL = True``) runs only when asked for."""
+    return bool(getattr(check, "OPTIONAL", False))
+
+
+def default_names(
+    registry: Mapping[str, Check], thresholds: Mapping[str, Any], profile: str
+) -> list[str]:
+    """The checks a run without ``--only`` runs: every check that is not optional, and the
+    optional ones the profile requires on either kind of node (``frameworks``)."""
+    wanted = set()
+    for gpu_node in (True, False):
+        wanted.update(requirements(thresholds, profile, gpu_node) or [])
+    return [n for n, c in registry.items() if not is_optional(c) or n in wanted]
+
+
 def assess(
     thresholds: Mapping[str, Any],
     profile: str,

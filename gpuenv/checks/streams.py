@@ -101,6 +101,16 @@ def rank_main(rc: RankContext) -> dict[str, Any]:
 def judge(
     ctx: Context, node: NodeInfo, payloads: Mapping[int, Mapping[str, Any]], world: int
 ) -> Result:
+    return judge_overlap(ctx, NAME, payloads, "copy and compute overlap")
+
+
+def judge_overlap(
+    ctx: Context, check: str, payloads: Mapping[int, Mapping[str, Any]], what: str
+) -> Result:
+    """The verdict of a two-stream overlap run, per GPU, against ``streams.min_overlap``: the
+    rule of this check and of any other that measures the same overlap (pycuda). Each payload
+    holds ``t_copy_ms``, ``t_compute_ms``, ``t_both_ms``, ``overlap`` and ``errors`` (wrong
+    values found by the rank); ``what`` opens the PASS reason."""
     minimum = float(ctx.thresholds["streams"]["min_overlap"])
     ms, problems, per_gpu = [], [], []
     for rank, p in sorted(payloads.items()):
@@ -120,5 +130,6 @@ def judge(
             )
         per_gpu.append({"rank": rank, **dict(p)})
     worst = min(float(m.value) for m in ms[::4])
-    passed = f"copy and compute overlap on {len(payloads)} GPU(s); lowest {worst:.2f} >= {minimum}"
-    return verdict(ctx, NAME, problems, [], passed, ms, details={"per_gpu": per_gpu})
+    passed = f"{what} on {len(payloads)} GPU(s); lowest {worst:.2f} >= {minimum}"
+    versions = dict(next(iter(payloads.values()), {}).get("versions", {}))
+    return verdict(ctx, check, problems, [], passed, ms, versions, {"per_gpu": per_gpu})

@@ -38,7 +38,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--profile",
         default="quick",
-        help="quick (seconds), full (large sizes, sweeps) or cpu (CPU-only nodes); default quick",
+        help="quick (seconds), full (large sizes, sweeps), cpu (CPU-only nodes) or frameworks"
+        " (quick plus the optional pycuda, horovod, tensorflow, dask checks); default quick",
     )
     p.add_argument(
         "--expect-gpus",
@@ -66,9 +67,13 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=handler)
 
 
-def resolve_names(only: list[str] | None, known: list[str]) -> list[str]:
+def resolve_names(
+    only: list[str] | None, known: list[str], default: list[str] | None = None
+) -> list[str]:
+    """The checks ``--only`` names, in registry order; without it, ``default`` (every check
+    that is not optional, and the optional ones the profile requires)."""
     if not only:
-        return list(known)
+        return list(known if default is None else default)
     wanted = [n.strip() for item in only for n in item.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in known]
     if unknown:
@@ -89,17 +94,18 @@ def handler(args: argparse.Namespace) -> int:
         console_report.print_check_list(REGISTRY)
         return 0
     # Everything the run needs is loaded and validated before anything runs.
-    names = resolve_names(args.only, list(REGISTRY))
-    output_target("--json", args.json, stdout_ok=True)
-    output_target("--junit", args.junit)
-    visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
-
     from gpuenv.checks.base import Context
-    from gpuenv.checks.profiles import requirements
+    from gpuenv.checks.profiles import default_names, requirements
     from gpuenv.checks.thresholds import load_specs, load_thresholds
 
     thresholds = load_thresholds(args.thresholds)
     requirements(thresholds, args.profile, gpu_node=True)  # an unknown profile stops here
+    names = resolve_names(
+        args.only, list(REGISTRY), default_names(REGISTRY, thresholds, args.profile)
+    )
+    output_target("--json", args.json, stdout_ok=True)
+    output_target("--junit", args.junit)
+    visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
     node = args.node or socket.gethostname().split(".")[0]
     ctx = Context(
         node=node,

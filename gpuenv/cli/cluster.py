@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuenv.cli.argtypes import output_target, positive
@@ -103,13 +104,23 @@ def register(subparsers: Any) -> None:
         default=[],
         metavar="STAGES",
         help="comma-separated stages to leave out: check, consistency, rendezvous, torch, mpi,"
-        " pairs (docs/cluster.md)",
+        " pairs, dask (docs/cluster.md)",
+    )
+    p.add_argument(
+        "--with",
+        dest="with_stages",
+        action="append",
+        default=[],
+        metavar="STAGES",
+        help="comma-separated optional stages to add: dask (a profile that requires one, such as"
+        " frameworks, adds it by itself)",
     )
     p.add_argument(
         "--profile",
         default="quick",
-        help="quick or full (GPU clusters), cpu (CPU-only clusters such as the lab);"
-        " the nodes' checks run with it too (default quick)",
+        help="quick or full (GPU clusters), cpu (CPU-only clusters such as the lab), frameworks"
+        " (quick plus the optional framework checks and the dask stage); the nodes' checks run"
+        " with it too (default quick)",
     )
     p.add_argument(
         "--check-args",
@@ -120,19 +131,40 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=handler)
 
 
-def _stages(skip: list[str]) -> tuple[str, ...]:
+def _names(option: str, items: Sequence[str], known: tuple[str, ...]) -> list[str]:
+    wanted = [s.strip() for item in items for s in item.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in known]
+    if unknown:
+        raise BadInput(
+            f"{option}: unknown stage(s) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+    return wanted
+
+
+def _stages(
+    skip: Sequence[str], add: Sequence[str] = (), required: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """The stages to run: every stage that is not optional, the optional ones ``--with`` names or
+    the profile requires (``required``: its cluster checks), less those ``--skip`` names."""
+    from gpuenv.cluster.pipeline import OPTIONAL_STAGES, STAGE_NAMES
+
+    left_out = _names("--skip", skip, STAGE_NAMES)
+    added = _names("--with", list(add), OPTIONAL_STAGES) + [
+        s for s in OPTIONAL_STAGES if s in required
+    ]
+    return tuple(
+        s for s in STAGE_NAMES if s not in left_out and (s not in OPTIONAL_STAGES or s in added)
+    )
+
+
+def _stage_names() -> tuple[str, ...]:
     from gpuenv.cluster.pipeline import STAGE_NAMES
 
-    wanted = [s.strip() for item in skip for s in item.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in STAGE_NAMES]
-    if unknown:
-        known = ", ".join(STAGE_NAMES)
-        raise BadInput(f"--skip: unknown stage(s) {', '.join(unknown)}; known: {known}")
-    return tuple(s for s in STAGE_NAMES if s not in wanted)
+    return STAGE_NAMES
 
 
 def handler(args: argparse.Namespace) -> int:
-    stages = _stages(args.skip)
+    _names("--skip", args.skip, _stage_names())
     if not 1024 <= args.port <= 65000:
         raise BadInput(f"--port {args.port}: expected 1024..65000")
     if args.matrix_max_nodes < 0:
@@ -154,6 +186,12 @@ def handler(args: argparse.Namespace) -> int:
 
     thresholds = load_thresholds()
     requirements(thresholds, args.profile, gpu_node=True)  # an unknown profile stops here
+    required = [
+        name
+        for gpu in (True, False)
+        for name in requirements(thresholds, args.profile, gpu, "cluster") or []
+    ]
+    stages = _stages(args.skip, args.with_stages, required)
 
     from rich.console import Console
 

@@ -103,6 +103,38 @@ def mpirun(master: Host, hosts: Sequence[Host], nbytes: int, iters: int) -> str:
     return as_user(master, shlex.join(["bash", "-c", script]))
 
 
+def dask(
+    host: Host,
+    master: Host,
+    port: int,
+    run_id: str,
+    workers: int,
+    gpus: int,
+    total: int,
+    blocks: str,
+    size: tuple[int, int],
+    timeout_s: float,
+) -> str:
+    """One node's part of the dask stage: plain ``python3`` (the inventory's interpreter) runs
+    the scheduler and the client on the first node, and every node's workers."""
+    argv = [
+        host.python, "-m", "gpuenv.cluster.worker", "dask",
+        f"--scheduler={master.rendezvous_address}:{port}", f"--workers={workers}",
+        f"--gpus={gpus}", f"--total={total}", f"--blocks={blocks}", f"--n={size[0]}",
+        f"--chunk={size[1]}", f"--run-id={run_id}", f"--node={host.name}",
+        f"--timeout={max(10, int(timeout_s))}",
+    ]  # fmt: skip
+    if host is master:
+        argv.append("--client")
+    return as_user(host, shlex.join(argv))
+
+
+def stop_dask(rid: str) -> str:
+    """A command that ends one dask launch on a node: its driver, which ends its scheduler and
+    workers on SIGTERM (the bracket keeps pkill from matching its own command line)."""
+    return f"pkill -TERM -f -- 'run-id=[{rid[0]}]{rid[1:]}' || true"
+
+
 def payloads(outcome: Outcome) -> list[dict[str, Any]]:
     """The GPUENV_RESULT lines a node's ranks printed."""
     found = []

@@ -14,6 +14,10 @@ one whose needs are met and records why the others did not run. In order:
 6. mpi: ``mpirun`` of plain ``python3`` from the first node over the SSH mesh.
 7. pairs: the node-pair bandwidth matrix (small clusters) and, when the all-node run failed or
    was slow, bad-node isolation by parallel rounds of pairs.
+8. dask (optional: run when asked, ``--with dask`` or a profile that requires it): a
+   dask.distributed cluster across the nodes, the scheduler on the first, one worker per GPU,
+   computing the seed documents' ``(x + x.T).mean(axis=0)`` on CuPy blocks (numpy blocks on
+   CPU-only nodes), verified against numpy, and nothing left running on any node.
 
 Every command on a node runs in a login shell as the cluster user, with plain ``python3``,
 ``torchrun`` and ``mpirun`` as a user types them (gpuenv.cluster.launch).
@@ -64,7 +68,8 @@ class Options:
     pair_relative: float = 0.5
     matrix_max_nodes: int = 8
     max_loss_ratio: float = 0.9
-    stages: tuple[str, ...] = ()  # empty: every stage
+    stages: tuple[str, ...] = ()  # empty: every stage that is not optional
+    dask_size: tuple[int, int] = (4096, 1024)  # n and chunk of the dask stage's x (n x n)
     progress: Progress = field(default_factory=Silent)
 
 
@@ -106,6 +111,7 @@ class Stage:
     run: Callable[[State], None]
     multi_node: bool = False  # needs at least 2 nodes that answered
     needs: tuple[str, ...] = ()  # cluster results that must have PASSed first
+    optional: bool = False  # runs only when asked (named in Options.stages)
 
 
 def _skip(check: str, reason: str) -> Result:
@@ -493,6 +499,86 @@ def isolation_stage(state: State) -> None:
     ))  # fmt: skip
 
 
+# The dask scheduler listens this far above the rendezvous port (the pair runs use the next 32).
+DASK_PORT_OFFSET = 64
+
+
+def dask_stage(state: State) -> None:
+    """A dask.distributed cluster across the nodes: scheduler and client on the first node, one
+    worker per GPU (one per CPU-only node) on every node; CuPy blocks when every node has GPUs."""
+    from gpuenv.checks import dask as dask_check
+
+    opts, hosts = state.opts, state.alive
+    master = hosts[0]
+    workers = {h.name: _nproc(h, state) for h in hosts}
+    gpus = {h.name: _gpus(h, state) for h in hosts}
+    total = sum(workers.values())
+    blocks = "cupy" if all(gpus.values()) else "numpy"
+    rid = launch.run_id("dask")
+    port = opts.port + DASK_PORT_OFFSET
+    inner_s = opts.deadline_s - LAUNCH_MARGIN_S
+    began_at = time.monotonic()
+    outcomes = state.fan_out(
+        hosts,
+        lambda h: launch.dask(h, master, port, rid, workers[h.name], gpus[h.name], total,
+                              blocks, opts.dask_size, inner_s),
+        "dask across nodes",
+        stop_others=lambda _h: launch.stop_dask(rid),
+    )  # fmt: skip
+    duration_s = time.monotonic() - began_at
+    found: list[str] = []
+    client: dict[str, Any] = {}
+    left: dict[str, list[str]] = {}
+    for name, out in outcomes.items():
+        got = [p for p in launch.payloads(out) if str(p.get("kind", "")).startswith("dask")]
+        if not out.ok or not got:
+            found.append(f"{name}: {out.why() if not out.ok else 'no result from its driver'}")
+            continue
+        if got[0]["kind"] == "dask":
+            client = got[0]
+        if got[0].get("left_running"):
+            left[name] = list(got[0]["left_running"])
+        failed = [c for c in got[0].get("exit_codes", []) if c != 0]
+        if failed:
+            found.append(f"{name}: dask process(es) exited with {sorted(set(failed))}")
+    found += [f"{n}: still running after shutdown: {', '.join(p)}" for n, p in left.items()]
+    if client:
+        # Emulated nodes (one machine) share its GPUs: as many distinct ones as one node has.
+        distinct = max(gpus.values()) if master.local else sum(gpus.values())
+        found += dask_check.problems(client, total, distinct)
+        spread = len(client.get("worker_hosts", []))
+        if spread < (1 if master.local else len(hosts)):  # emulated nodes share one address
+            found.append(f"workers on {spread} of {len(hosts)} nodes")
+    ms = [
+        Measurement("workers", len(client.get("workers", [])), "", float(total), "min"),
+        Measurement("compute_time", round(float(client.get("compute_s", 0.0)), 3), "s"),
+    ]
+    details = {
+        "blocks": blocks,
+        "workers": client.get("workers", []),
+        "left_running": left,
+        "worker_gpus": client.get("worker_gpus", {}),
+        "scheduler": f"{master.name}:{port}",
+    }
+    if found:
+        state.add(Result("dask", "cluster", Status.FAIL, "; ".join(found), ms,
+                         duration_s=duration_s, details=details))  # fmt: skip
+        return
+    where = "CuPy blocks" if blocks == "cupy" else "numpy blocks (CPU-only nodes)"
+    state.add(Result(
+        "dask", "cluster", Status.PASS,
+        f"{total} workers on {len(hosts)} nodes (scheduler on {master.name}), {where}:"
+        f" (x + x.T).mean(axis=0) of {client['n']}x{client['n']} equals numpy's; every worker"
+        " computed; nothing left running",
+        ms, versions={"dask": client["dask"], "distributed": client["distributed"]},
+        duration_s=duration_s, details=details,
+    ))  # fmt: skip
+
+
+def _gpus(host: Host, state: State) -> int:
+    return int(state.probes.get(host.name, {}).get("facts", {}).get("gpu.count", "0") or 0)
+
+
 STAGES: tuple[Stage, ...] = (
     Stage("check", check_stage),
     Stage("consistency", consistency_stage),
@@ -500,10 +586,12 @@ STAGES: tuple[Stage, ...] = (
     Stage("torch", torch_stage, multi_node=True, needs=("rendezvous",)),
     Stage("mpi", mpi_stage, multi_node=True, needs=("rendezvous",)),
     Stage("pairs", pairs_stage, multi_node=True, needs=("rendezvous",)),
+    Stage("dask", dask_stage, multi_node=True, needs=("rendezvous",), optional=True),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
+OPTIONAL_STAGES = tuple(s.name for s in STAGES if s.optional)
 # The stage that needs a Python package on the nodes, and which (from the probe's facts).
-_PACKAGES = {"torch": "torch", "pairs": "torch", "mpi": "mpi4py"}
+_PACKAGES = {"torch": "torch", "pairs": "torch", "mpi": "mpi4py", "dask": "distributed"}
 
 
 def validate(hosts: Sequence[Host], opts: Options | None = None) -> ClusterReport:
@@ -513,7 +601,7 @@ def validate(hosts: Sequence[Host], opts: Options | None = None) -> ClusterRepor
     state = State(list(hosts), opts, ClusterReport(hosts=[h.name for h in hosts]))
     probe_stage(state)
     for stage in STAGES:
-        if opts.stages and stage.name not in opts.stages:
+        if stage.name not in opts.stages if opts.stages else stage.optional:
             continue
         why = _why_not(stage, state)
         if why:

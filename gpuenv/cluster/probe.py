@@ -21,7 +21,11 @@ from importlib import metadata
 from typing import Any
 
 # Distributions whose versions must agree across nodes (the Python stack of the jobs).
-PACKAGES = ("gpuenv", "torch", "numpy", "mpi4py", "nvidia-ml-py", "cupy-cuda12x", "cupy-cuda13x")
+PACKAGES = (
+    "gpuenv", "torch", "numpy", "mpi4py", "nvidia-ml-py", "cupy-cuda12x", "cupy-cuda13x",
+    # The optional frameworks (gpu_env_frameworks), where installed.
+    "dask", "distributed", "dask-cuda", "tensorflow", "tensorflow-cpu", "pycuda", "horovod",
+)  # fmt: skip
 _PACKAGE_PREFIXES = ("nvidia-nccl-",)
 _TOOL_TIMEOUT_S = 10.0
 

@@ -4,8 +4,11 @@
 (NCCL on GPUs, gloo on CPU) across every rank of every node, with NCCL's own log read back to
 say which transport it used, then runs the DDP training step of the node check
 (gpuenv.checks.ddp.train) across the nodes. ``mpirun ... python3 -m gpuenv.cluster.worker mpi``
-runs an mpi4py all-reduce of numpy arrays across the hostfile's nodes. The first rank of each
-node prints one line ``GPUENV_RESULT {json}``: the controller collects one such line per node.
+runs an mpi4py all-reduce of numpy arrays across the hostfile's nodes. ``python3 -m
+gpuenv.cluster.worker dask`` is one node's part of the dask stage (scheduler and client on the
+first node, one worker per GPU everywhere; gpuenv.checks.dask computes and judges). The first
+rank of each node prints one line ``GPUENV_RESULT {json}``: the controller collects one such line
+per node.
 """
 
 from __future__ import annotations
@@ -147,6 +150,104 @@ def run_mpi(nbytes: int, iters: int) -> None:
         comm.allreduce(int(correct), op=MPI.MIN)
 
 
+def _dask_children(
+    scheduler: str, workers: int, gpus: int, name: str, timeout_s: float, own_scheduler: str | None
+) -> list[Any]:
+    """The scheduler (on the first node) and this node's workers, one per GPU (or one), as
+    child processes of this one: each worker sees only its GPU, as dask-cuda arranges it."""
+    import subprocess
+
+    from gpuenv.checks.dask import visible_gpu_ids
+
+    ids = visible_gpu_ids(gpus)  # within this node's own CUDA_VISIBLE_DEVICES, where it has one
+    children = []
+    if own_scheduler:
+        host, port = own_scheduler.rsplit(":", 1)
+        children.append(subprocess.Popen([
+            sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", host,
+            "--port", port, "--no-dashboard", "--idle-timeout", f"{int(timeout_s)}s",
+        ]))  # fmt: skip
+    for i in range(workers):
+        env = dict(os.environ)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ids[i % len(ids)]
+        children.append(subprocess.Popen([
+            sys.executable, "-m", "distributed.cli.dask_worker", f"tcp://{scheduler}",
+            "--nthreads", "1", "--nworkers", "1", "--no-dashboard", "--name", f"{name}-{i}",
+            "--death-timeout", f"{int(timeout_s)}s",
+        ], env=env))  # fmt: skip
+    return children
+
+
+def _end(children: list[Any], grace_s: float) -> list[str]:
+    """Wait up to ``grace_s`` for the children to exit, then kill those left; who was left."""
+    give_up_at = time.monotonic() + grace_s
+    while any(c.poll() is None for c in children) and time.monotonic() < give_up_at:
+        time.sleep(0.2)
+    left = [str(c.pid) for c in children if c.poll() is None]
+    for c in children:
+        if c.poll() is None:
+            c.kill()
+            c.wait()
+    return left
+
+
+def run_dask(
+    scheduler: str,
+    workers: int,
+    gpus: int,
+    total: int,
+    client: bool,
+    blocks: str,
+    n: int,
+    chunk: int,
+    run_id: str,
+    node: str,
+    timeout_s: float,
+) -> None:
+    """One node's part of the dask stage: on the first node (``client``) the scheduler, its
+    workers and the client that computes and then shuts the whole cluster down; elsewhere the
+    workers, until the scheduler closes them. Every node reports what it left running."""
+    import signal
+
+    from gpuenv.checks import dask as dask_check
+
+    began_at = time.monotonic()
+    host = socket.gethostname()
+    # Worker names hold the run id (the controller's stop matches it) and the inventory's node
+    # name: the scheduler refuses a name twice, and emulated nodes share one host name.
+    children = _dask_children(scheduler, workers, gpus, f"{run_id}-{node}", timeout_s,
+                              scheduler if client else None)  # fmt: skip
+
+    def stop(_signum: int, _frame: Any) -> None:  # the controller's stop, or its deadline
+        _end(children, 2.0)
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, stop)
+    payload: dict[str, Any] = {"kind": "dask-node", "host": host, "node": node, "workers": workers}
+    try:
+        if client:
+            from distributed import Client
+
+            with Client(f"tcp://{scheduler}", timeout=f"{int(timeout_s)}s") as c:
+                left_s = timeout_s - (time.monotonic() - began_at)
+                c.wait_for_workers(total, timeout=max(1.0, left_s))
+                left_s = timeout_s - (time.monotonic() - began_at)
+                outcome = dask_check.compute(c, blocks, n, chunk, max(1.0, left_s))
+                outcome.update(dask_check.describe(c, blocks))
+                c.shutdown()  # the scheduler closes every worker, on every node
+            payload.update(kind="dask", **outcome)
+        else:
+            # Until the scheduler closes these workers (or their death timeout).
+            for child in children:
+                child.wait(timeout=max(1.0, timeout_s - (time.monotonic() - began_at)))
+    finally:
+        # Whatever happened above, this node's scheduler and workers end here.
+        payload["left_running"] = _end(children, 10.0)
+    payload["exit_codes"] = [c.returncode for c in children]
+    _emit(payload)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuenv.cluster.worker")
     sub = parser.add_subparsers(dest="what", required=True)
@@ -158,7 +259,23 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("mpi")
     m.add_argument("--bytes", type=int, default=8 * MIB)
     m.add_argument("--iters", type=int, default=5)
+    d = sub.add_parser("dask")
+    d.add_argument("--scheduler", required=True, help="HOST:PORT of the first node's scheduler")
+    d.add_argument("--workers", type=int, default=1, help="workers on this node")
+    d.add_argument("--gpus", type=int, default=0, help="GPUs on this node (0: CPU workers)")
+    d.add_argument("--total", type=int, default=1, help="workers on every node together")
+    d.add_argument("--client", action="store_true", help="this node runs scheduler and client")
+    d.add_argument("--blocks", choices=("cupy", "numpy"), default="numpy")
+    d.add_argument("--n", type=int, default=4096)
+    d.add_argument("--chunk", type=int, default=1024)
+    d.add_argument("--run-id", required=True)
+    d.add_argument("--node", default=socket.gethostname(), help="this node's inventory name")
+    d.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
+    if args.what == "dask":
+        run_dask(args.scheduler, args.workers, args.gpus, args.total, args.client, args.blocks,
+                 args.n, args.chunk, args.run_id, args.node, args.timeout)  # fmt: skip
+        return 0
     if args.what == "torch":
         sizes = [int(s) for s in args.sizes.split(",") if s]
         run_torch(sizes, args.iters, args.steps, args.timeout)

@@ -76,10 +76,12 @@ def print_check_list(registry: Mapping[str, Any]) -> None:
     """``gpuenv check --list``: every registered check, where it runs and what it proves."""
     console = Console()
     table = Table(show_header=True, box=None)
-    for column in ("check", "runs", "what it proves"):
+    for column in ("check", "runs", "when", "what it proves"):
         table.add_column(column)
     for name, check in registry.items():
-        table.add_row(name, check.PLACEMENT.value, check.DESCRIPTION)
+        # Optional checks run when named by --only or required by the profile (frameworks).
+        when = "on request" if getattr(check, "OPTIONAL", False) else "default"
+        table.add_row(name, check.PLACEMENT.value, when, check.DESCRIPTION)
     console.print(table)
 
 

@@ -10,6 +10,7 @@ from nodehelpers import (
     as_root,
     as_user,
     cluster_user,
+    gpu_count,
     hostvars,
     local_fact,
     login_run,
@@ -96,6 +97,29 @@ def test_torch_present_when_requested(host):
         pytest.skip("gpu_env_install_torch is not in the inventory (role default: GPU nodes only)")
     res = host.run("%s/bin/python -c 'import torch; print(torch.__version__)'", venv(host))
     assert (res.rc == 0) is bool(want), res.stderr or res.stdout
+
+
+# The module each of gpu_env_frameworks is imported by, and whether CPU-only nodes get it too.
+FRAMEWORK_MODULES = {
+    "dask": ("distributed", True),
+    "tensorflow": ("tensorflow", True),
+    "pycuda": ("pycuda.driver", False),
+    "horovod": ("horovod.torch", True),
+}
+
+
+def test_requested_frameworks_import_in_the_venv(host):
+    require(host, "env")
+    wanted = hostvars(host).get("gpu_env_frameworks") or []
+    if not wanted:
+        pytest.skip("gpu_env_frameworks is empty here: no framework was asked for")
+    gpu = gpu_count(host) > 0
+    for name in wanted:
+        module, on_cpu_nodes = FRAMEWORK_MODULES[name]
+        if not (gpu or on_cpu_nodes):
+            continue  # pycuda is for GPU nodes only
+        res = host.run("%s/bin/python -c %s", venv(host), f"import {module}")
+        assert res.rc == 0, f"{name}: {res.stderr}"
 
 
 def test_gpu_python_stack_sees_the_gpus(host):
