@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The optional framework checks on the GPU machine (no network): installs what
 # benchmarks/gpu_wheels.sh downloaded (dask + distributed; pycuda built here from its sdist with
-# the machine's nvcc) into a venv over the machine's own Python stack (--system-site-packages:
-# torch, CuPy, mpi4py, numpy), then runs, from the repository root:
+# the machine's nvcc) into a folder on PYTHONPATH, over the machine's own Python stack (torch,
+# CuPy, mpi4py, numpy), then runs, from the repository root:
 #   1. gpuenv check --only system,streams,pycuda,dask,tensorflow,horovod (TensorFlow and Horovod
 #      cannot be brought: their checks must SKIP naming what is missing);
 #   2. gpuenv check --profile frameworks (the whole profile: not OK while two frameworks are
@@ -19,7 +19,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/gpuenv-out}
 WHEELS=${WHEELS:-$PWD/.cache/gpu-wheels}
-VENV=${VENV:-/tmp/gpuenv-fw-venv}
+LIB=${LIB:-/tmp/gpuenv-fw-lib}
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.txt
 say() { printf '\n== %s\n' "$*" | tee -a "$SUMMARY"; }
@@ -42,13 +42,14 @@ ls "$WHEELS" | tee -a "$SUMMARY"
 du -sh "$WHEELS" | tee -a "$SUMMARY"
 
 say "install (no index: the carried wheels only)"
+# Into a folder on PYTHONPATH, over the machine's own Python stack (torch, CuPy, mpi4py, numpy sit
+# in its user site, which a venv would not see).
 CUDA=${CUDA_HOME:-/usr/local/cuda}
-export CUDA_HOME=$CUDA PATH="$VENV/bin:$CUDA/bin:$PATH"
-python3 -m venv --system-site-packages "$VENV"
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
-timed pip-dask pip install --no-index --find-links "$WHEELS" dask distributed
-timed pip-pycuda-deps pip install --no-index --find-links "$WHEELS" setuptools wheel pytools mako \
-  platformdirs
+export CUDA_HOME=$CUDA PATH="$LIB/bin:$CUDA/bin:$PATH" PYTHONPATH="$LIB:$PWD"
+pip() { python3 -m pip --disable-pip-version-check "$@"; }
+timed pip-dask pip install --no-index --find-links "$WHEELS" --target "$LIB" dask distributed
+timed pip-pycuda-deps pip install --no-index --find-links "$WHEELS" --target "$LIB" setuptools \
+  wheel pytools mako platformdirs
 # pycuda's C++ extension, against this machine's CUDA (nvcc on PATH gives CUDA_ROOT). Its CURAND
 # wrapper needs curand.h, which a toolkit without the math libraries lacks (seen on the development
 # machine's CUDA 13.0): pycuda's own setting (~/.aksetup-defaults.py) turns it off then.
@@ -66,13 +67,14 @@ if [ ! -e "$CUDA/lib64/stubs/libcuda.so" ] && [ ! -e "$CUDA/lib64/libcuda.so" ] 
   export LIBRARY_PATH="$cfg/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
   echo "no libcuda.so stub under $CUDA/lib64: linking against $driver" | tee -a "$SUMMARY"
 fi
-HOME=$cfg timed pip-pycuda pip install --no-index --find-links "$WHEELS" --no-build-isolation \
-  pycuda
-"$VENV/bin/python" -c 'import dask, distributed, pycuda, cupy, torch; print("dask", dask.__version__, "distributed", distributed.__version__, "pycuda", pycuda.VERSION_TEXT, "cupy", cupy.__version__, "torch", torch.__version__)' 2>&1 |
+# Its dependencies are in place already; --no-deps keeps pip from bringing a second numpy.
+HOME=$cfg timed pip-pycuda pip install --no-index --find-links "$WHEELS" --target "$LIB" \
+  --no-build-isolation --no-deps pycuda
+python3 -c 'import dask, distributed, pycuda, cupy, torch; print("dask", dask.__version__, "distributed", distributed.__version__, "pycuda", pycuda.VERSION_TEXT, "cupy", cupy.__version__, "torch", torch.__version__)' 2>&1 |
   tee -a "$SUMMARY"
 
 REPO=$PWD
-check() { PYTHONPATH=$REPO "$VENV/bin/python" -m gpuenv check "$@"; }
+check() { python3 -m gpuenv check "$@"; }
 
 say "1. the framework checks, asked by name"
 timed only check --only system,streams,pycuda,dask,tensorflow,horovod --json "$OUT/only.json"
@@ -87,7 +89,7 @@ pgrep -af 'distributed[.]cli|spawn_main|gpuenv[.]check|gpuenv[.]cluster' | grep 
   tee -a "$SUMMARY" || true
 
 say "4. gpuenv cluster's dask stage across two emulated nodes"
-PYTHONPATH=$REPO timed cluster "$VENV/bin/python" - <<'PY'
+timed cluster python3 - <<'PY'
 import json, os, sys
 from gpuenv.cluster import pipeline
 from gpuenv.cluster.inventory import Host

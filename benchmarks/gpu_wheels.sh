@@ -18,8 +18,10 @@ PYCUDA=2026.1
 rm -rf "$DEST" && mkdir -p "$DEST"
 target=(--only-binary=:all: --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
         --platform manylinux2014_x86_64 --python-version "$PY" --implementation cp)
-# What the GPU machine holds already (docs/benchmarks.md): not brought again.
-present='^(numpy|pyyaml|jinja2|markupsafe|rich|pygments|markdown_it_py|mdurl|typing_extensions|filelock|networkx|sympy|mpmath)-'
+# numpy is the GPU machine's own (torch and CuPy are built against it): not brought again. The
+# other small dependencies are brought even where the machine has them, because they are installed
+# with pip --target, which does not look at what the machine has.
+present='^(numpy)-'
 
 # dask + distributed with their whole dependency closure, for that Python and platform.
 pip download -q -d "$DEST" "${target[@]}" "dask==$DASK" "distributed==$DASK"
