@@ -72,7 +72,7 @@ gpus:
   elements: dict
   returned: always
 flavour:
-  description: The flavour to install (open or proprietary); empty without GPUs or on error.
+  description: The flavour to install (open, proprietary); an explicit I(flavour) even if it fails.
   type: str
   returned: always
 flavour_error:
@@ -212,13 +212,15 @@ def _describe(gpu: dict) -> str:
 
 
 def choose_flavour(found: list[dict], requested: str, branch: str, variable: str) -> dict:
-    """The flavour to install for the GPUs, or an error naming a GPU and the flavour it needs.
+    """The flavour to install, and why it cannot drive the GPUs (naming one and the flavour it
+    needs), empty when it can.
 
-    auto: the flavour every GPU needs; where both drive all of them, NVIDIA's default for the
-    branch (open from 560 on, proprietary before).
+    auto: the flavour every GPU needs; where both drive all of them (or there is no GPU),
+    NVIDIA's default for the branch (open from 560 on, proprietary before). An explicit request
+    is what gets installed, error or not (the caller stops on the error unless told otherwise).
     """
-    if not found:
-        return {"flavour": "" if requested == "auto" else requested, "flavour_error": ""}
+    default = OPEN if branch.isdigit() and int(branch) >= OPEN_DEFAULT_BRANCH else PROPRIETARY
+    fallback = default if requested == "auto" else requested
     only_open = [g for g in found if g["flavours"] == [OPEN]]
     only_proprietary = [g for g in found if g["flavours"] == [PROPRIETARY]]
     if only_open and only_proprietary:
@@ -227,10 +229,9 @@ def choose_flavour(found: list[dict], requested: str, branch: str, variable: str
             f"{_describe(only_proprietary[0])} the proprietary one: no one module drives both; "
             "move one of them to another node"
         )
-        return {"flavour": "", "flavour_error": error}
+        return {"flavour": fallback, "flavour_error": error}
     needed = OPEN if only_open else PROPRIETARY if only_proprietary else ""
     if requested == "auto":
-        default = OPEN if branch.isdigit() and int(branch) >= OPEN_DEFAULT_BRANCH else PROPRIETARY
         return {"flavour": needed or default, "flavour_error": ""}
     if needed and requested != needed:
         gpu = (only_open or only_proprietary)[0]
@@ -238,7 +239,7 @@ def choose_flavour(found: list[dict], requested: str, branch: str, variable: str
             f"{variable}={requested} cannot drive {_describe(gpu)}: it needs the {needed} "
             f"kernel module; set {variable}={needed} (or auto)"
         )
-        return {"flavour": "", "flavour_error": error}
+        return {"flavour": requested, "flavour_error": error}
     return {"flavour": requested, "flavour_error": ""}
 
 

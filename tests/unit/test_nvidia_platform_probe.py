@@ -61,7 +61,7 @@ def test_blackwell_with_the_proprietary_module_is_refused_naming_gpu_and_flavour
     gpu(tmp_path, "0000:1b:00.0", 0x2901)  # GB100 [B200]
     gpu(tmp_path, "0000:43:00.0", 0x2901)
     out = read(tmp_path, flavour="proprietary")
-    assert out["flavour"] == ""
+    assert out["flavour"] == "proprietary"  # what would be installed with the check off
     assert out["flavour_error"] == (
         "nvidia_driver_module_flavour=proprietary cannot drive GPU 0000:1b:00.0 (10de:2901, "
         "Blackwell): it needs the open kernel module; set nvidia_driver_module_flavour=open "
@@ -103,14 +103,15 @@ def test_gpus_needing_both_flavours_have_no_answer(tmp_path):
     gpu(tmp_path, "0000:1b:00.0", 0x2901)
     gpu(tmp_path, "0000:3b:00.0", 0x1DB1)
     out = read(tmp_path)
-    assert out["flavour"] == ""
+    assert out["flavour"] == "proprietary"  # branch 550's default, with the check off
     assert "0000:1b:00.0" in out["flavour_error"] and "0000:3b:00.0" in out["flavour_error"]
 
 
 def test_no_gpu_no_flavour_and_no_complaint(tmp_path):
     pci(tmp_path, "0000:00:02.0", 0x1234, 0x030000, vendor=0x8086)  # someone else's VGA
     out = read(tmp_path, flavour="open")
-    assert out["gpus"] == [] and out["flavour_error"] == ""
+    assert out["gpus"] == [] and out["flavour_error"] == "" and out["flavour"] == "open"
+    assert read(tmp_path, branch="580")["flavour"] == "open"
 
 
 def test_nvswitches_are_nvidia_bridges_of_class_0680(tmp_path):
