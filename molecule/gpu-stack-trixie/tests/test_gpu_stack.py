@@ -153,53 +153,50 @@ def _upgraded(output):
 
 @pytest.fixture(scope="module")
 def newer_offered(host, expected):
-    with host.sudo():
-        _sh(
-            host,
-            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-            "unattended-upgrades apt-utils",
-        )
-        _sh(host, f"rm -rf {UU_REPO} && install -d -m 0755 {UU_REPO}")
-        versions = {}
-        for name in expected["held"]:
-            fields = _sh(host, f"dpkg-query -W -f='${{Version}} ${{Architecture}}' {name}")
-            version, arch = fields.split()
-            versions[name] = version
-            _fake_deb(host, name, f"{version}+gs1", arch)
-        # The canary: installed at 1.0, offered at 2.0, neither held, pinned nor blacklisted.
-        _fake_deb(host, CANARY, "1.0", "all")
-        _sh(host, f"dpkg -i {UU_REPO}/{CANARY}_1.0_all.deb")
-        _sh(host, f"rm {UU_REPO}/{CANARY}_1.0_all.deb")
-        _fake_deb(host, CANARY, "2.0", "all")
-        _sh(
-            host,
-            f"cd {UU_REPO} && apt-ftparchive packages . > Packages && apt-ftparchive "
-            f"-o APT::FTPArchive::Release::Origin={UU_ORIGIN} release . > Release",
-        )
-        _sh(host, f"echo 'deb [trusted=yes] file:{UU_REPO} ./' > {UU_SOURCE}")
-        _sh(
-            host,
-            f"printf '%s\\n' '#clear Unattended-Upgrade::Origins-Pattern;' "
-            f"'#clear Unattended-Upgrade::Allowed-Origins;' "
-            f"'Unattended-Upgrade::Origins-Pattern {{ \"origin={UU_ORIGIN}\"; }};' > {UU_CONF}",
-        )
-        _sh(
-            host,
-            "install -d -m 0755 /tmp/gs-uu-no-pins && printf '%s\\n' "
-            "'Dir::Etc::PreferencesParts \"/tmp/gs-uu-no-pins\";' "
-            f"'Dir::Etc::Preferences \"/dev/null\";' > {NO_PINS}",
-        )
-        _sh(host, "apt-get update -q")
+    _sh(
+        host,
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+        "unattended-upgrades apt-utils",
+    )
+    _sh(host, f"rm -rf {UU_REPO} && install -d -m 0755 {UU_REPO}")
+    versions = {}
+    for name in expected["held"]:
+        fields = _sh(host, f"dpkg-query -W -f='${{Version}} ${{Architecture}}' {name}")
+        version, arch = fields.split()
+        versions[name] = version
+        _fake_deb(host, name, f"{version}+gs1", arch)
+    # The canary: installed at 1.0, offered at 2.0, neither held, pinned nor blacklisted.
+    _fake_deb(host, CANARY, "1.0", "all")
+    _sh(host, f"dpkg -i {UU_REPO}/{CANARY}_1.0_all.deb")
+    _sh(host, f"rm {UU_REPO}/{CANARY}_1.0_all.deb")
+    _fake_deb(host, CANARY, "2.0", "all")
+    _sh(
+        host,
+        f"cd {UU_REPO} && apt-ftparchive packages . > Packages && apt-ftparchive "
+        f"-o APT::FTPArchive::Release::Origin={UU_ORIGIN} release . > Release",
+    )
+    _sh(host, f"echo 'deb [trusted=yes] file:{UU_REPO} ./' > {UU_SOURCE}")
+    _sh(
+        host,
+        f"printf '%s\\n' '#clear Unattended-Upgrade::Origins-Pattern;' "
+        f"'#clear Unattended-Upgrade::Allowed-Origins;' "
+        f"'Unattended-Upgrade::Origins-Pattern {{ \"origin={UU_ORIGIN}\"; }};' > {UU_CONF}",
+    )
+    _sh(
+        host,
+        "install -d -m 0755 /tmp/gs-uu-no-pins && printf '%s\\n' "
+        "'Dir::Etc::PreferencesParts \"/tmp/gs-uu-no-pins\";' "
+        f"'Dir::Etc::Preferences \"/dev/null\";' > {NO_PINS}",
+    )
+    _sh(host, "apt-get update -q")
     yield versions
-    with host.sudo():
-        host.run(f"rm -rf {UU_REPO} {UU_SOURCE} {UU_CONF} {NO_PINS} /tmp/gs-uu-no-pins")
-        host.run(f"dpkg --purge {CANARY}")
-        host.run("apt-get update -q")
+    host.run(f"rm -rf {UU_REPO} {UU_SOURCE} {UU_CONF} {NO_PINS} /tmp/gs-uu-no-pins")
+    host.run(f"dpkg --purge {CANARY}")
+    host.run("apt-get update -q")
 
 
 def test_unattended_upgrade_selects_no_gpu_package(host, newer_offered):
-    with host.sudo():
-        run = host.run("unattended-upgrade --dry-run -d")
+    run = host.run("unattended-upgrade --dry-run -d")
     selected = _upgraded(run.stdout + run.stderr)
     assert CANARY in selected, f"the dry run selected nothing it could: {run.stdout[-2000:]}"
     assert not selected & set(newer_offered), f"GPU packages selected: {selected}"
@@ -216,12 +213,11 @@ def test_pin_keeps_the_installed_version_the_candidate(host, newer_offered):
 
 
 def test_blacklist_holds_without_the_pins(host, newer_offered):
-    with host.sudo():
-        policy = host.check_output(f"APT_CONFIG={NO_PINS} apt-cache policy {CANARY}")
-        name = next(iter(newer_offered))
-        unpinned = host.check_output(f"APT_CONFIG={NO_PINS} apt-cache policy {name}")
-        assert f"Candidate: {newer_offered[name]}+gs1" in unpinned, unpinned
-        run = host.run(f"APT_CONFIG={NO_PINS} unattended-upgrade --dry-run -d")
+    policy = host.check_output(f"APT_CONFIG={NO_PINS} apt-cache policy {CANARY}")
+    name = next(iter(newer_offered))
+    unpinned = host.check_output(f"APT_CONFIG={NO_PINS} apt-cache policy {name}")
+    assert f"Candidate: {newer_offered[name]}+gs1" in unpinned, unpinned
+    run = host.run(f"APT_CONFIG={NO_PINS} unattended-upgrade --dry-run -d")
     output = run.stdout + run.stderr
     assert "Candidate: 2.0" in policy
     assert CANARY in _upgraded(output), output[-2000:]
