@@ -212,17 +212,25 @@ def test_pin_keeps_the_installed_version_the_candidate(host, newer_offered):
     assert "Candidate: 2.0" in canary, canary
 
 
-def test_blacklist_holds_without_the_pins(host, newer_offered):
-    policy = host.check_output(f"APT_CONFIG={NO_PINS} apt-cache policy {CANARY}")
+def test_blacklist_alone_keeps_them_out(host, newer_offered):
+    # Pins out of the way (APT_CONFIG) and the holds lifted for the one dry run: only the
+    # blacklist is left, and unattended-upgrades must still select none of the GPU packages.
+    packages = " ".join(newer_offered)
     name = next(iter(newer_offered))
     unpinned = host.check_output(f"APT_CONFIG={NO_PINS} apt-cache policy {name}")
     assert f"Candidate: {newer_offered[name]}+gs1" in unpinned, unpinned
-    run = host.run(f"APT_CONFIG={NO_PINS} unattended-upgrade --dry-run -d")
+    _sh(host, f"apt-mark unhold {packages}")
+    try:
+        run = host.run(f"APT_CONFIG={NO_PINS} unattended-upgrade --dry-run -d")
+    finally:
+        _sh(host, f"apt-mark hold {packages}")
     output = run.stdout + run.stderr
-    assert "Candidate: 2.0" in policy
-    assert CANARY in _upgraded(output), output[-2000:]
+    selected = _upgraded(output)
+    assert CANARY in selected, output[-2000:]
+    assert not selected & set(newer_offered), f"GPU packages selected: {selected}"
     for pkg in newer_offered:
-        assert f"{pkg} package has been blacklisted" in output, f"{pkg} not blacklisted"
+        # unattended-upgrades turns each blacklist entry into a pin it never lets through.
+        assert f"PkgPin(pkg='/^{pkg}$/', priority=-32768)" in output, f"{pkg} not blacklisted"
 
 
 def test_pin_and_blacklist_files(host, expected):
