@@ -7,7 +7,8 @@
    an upgrade that changed the libraries but built no new module shows there.
    The package upgrade that changed the library is looked up in dpkg's log.
 3. The open kernel module drives Turing and newer only; Blackwell needs it. The proprietary
-   one drives everything up to Ada/Hopper, not Blackwell. GPU generations by PCI device ID.
+   one drives everything up to Ada/Hopper, not Blackwell nor Grace Hopper. GPU generations by
+   PCI device ID come from nvidia_hw, the table the collection's roles read too.
 4. With Secure Boot on, an unsigned module is refused (kernel log) or taints the kernel.
 5. The kernel the next boot starts (grubenv's saved entry, else the ``/boot/vmlinuz`` link,
    else the newest ``/boot/vmlinuz-*``) must have an ``nvidia.ko`` under ``/lib/modules``.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from gpuenv.doctor import pci
 from gpuenv.doctor.findings import Finding, Verdict, skipped
+from gpuenv.doctor.nvidia_hw import generation
 from gpuenv.doctor.system import System
 
 _MODULE_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
@@ -204,25 +206,6 @@ def driver_version(system: System) -> Verdict:
         )
     )
     return verdict
-
-
-# (first PCI device ID, generation, supported flavours) in ascending order. Sources: the PCI ID
-# repository (pci-ids.ucw.cz, vendor 10de) and NVIDIA's open-gpu-kernel-modules README: the
-# open module supports Turing (TU10x, device IDs from 0x1e00) and later; Blackwell (GB1xx from
-# 0x2900, GB20x from 0x2b00) is supported by the open module only.
-_GENERATIONS: tuple[tuple[int, str, frozenset[str]], ...] = (
-    (0x0000, "pre-Turing (Maxwell, Pascal, Volta)", frozenset({"proprietary"})),
-    (0x1E00, "Turing, Ampere, Ada or Hopper", frozenset({"open", "proprietary"})),
-    (0x2900, "Blackwell", frozenset({"open"})),
-)
-
-
-def generation(device_id: int) -> tuple[str, frozenset[str]]:
-    name, flavours = _GENERATIONS[0][1], _GENERATIONS[0][2]
-    for first, gen, allowed in _GENERATIONS:
-        if device_id >= first:
-            name, flavours = gen, allowed
-    return name, flavours
 
 
 def os_id(system: System) -> str:

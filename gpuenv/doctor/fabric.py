@@ -13,6 +13,7 @@ import re
 from gpuenv.doctor import pci
 from gpuenv.doctor.driver import loaded_module
 from gpuenv.doctor.findings import Finding, Verdict, skipped
+from gpuenv.doctor.nvidia_hw import fabric_states, fabric_unhealthy
 from gpuenv.doctor.system import System
 
 _FM_VERSION_RE = re.compile(r"version is\s*:\s*(\S+)", re.IGNORECASE)
@@ -31,29 +32,6 @@ def fm_version(system: System) -> tuple[str | None, str]:
             version = words[1].split(":")[-1].split("-")[0]
             return version, f"dpkg: {words[0]} {words[1]}"
     return None, ""
-
-
-def fabric_states(text: str) -> list[tuple[str, str, str]]:
-    """(GPU bus id, State, Status) from ``nvidia-smi -q``."""
-    states = []
-    gpu = ""
-    in_fabric = False
-    state = status = ""
-    for line in text.splitlines():
-        if line.startswith("GPU "):
-            gpu, in_fabric = line.split()[1], False
-            continue
-        stripped = line.strip()
-        key, _, value = (s.strip() for s in stripped.partition(":"))
-        if stripped == "Fabric":
-            in_fabric, state, status = True, "", ""
-        elif in_fabric and key == "State":
-            state = value
-        elif in_fabric and key == "Status":
-            status = value
-            states.append((gpu, state, status))
-            in_fabric = False
-    return states
 
 
 def fabric_manager(system: System) -> Verdict:
@@ -94,7 +72,7 @@ def fabric_manager(system: System) -> Verdict:
         )  # fmt: skip
         return verdict
     active = facts["service"]
-    bad = [s for s in states if s[1] != "Completed" or s[2] != "Success"]
+    bad = fabric_unhealthy(states)
     down = []
     if active is not None and active != "active":
         down.append(f"systemctl is-active nvidia-fabricmanager: {active}")

@@ -4,17 +4,20 @@ Each case runs the real playbooks/preflight.yml with ansible-playbook against lo
 local connection. Facts come from a small fact module written into a temporary folder
 (ANSIBLE_FACTS_MODULES), so the "node" can be any OS and the run needs no docker, no GPU and
 changes nothing on this machine. A marker play placed after preflight proves that nothing runs
-once preflight fails. All cases are started at once so the file takes a few seconds.
+once preflight fails, and the recap that no task changed. The node's PCI bus and EFI variables
+come from a fixture tree (nvidia_driver_system_root) where a case needs GPUs, NVSwitches or Secure
+Boot. All cases are started at once so the file takes a few seconds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,12 +88,46 @@ GOOD_BOOKWORM = {
 }
 
 
+def pci(root: Path, bdf: str, device: int, klass: int) -> None:
+    folder = root / "sys/bus/pci/devices" / bdf
+    folder.mkdir(parents=True)
+    (folder / "vendor").write_text("0x10de\n")
+    (folder / "device").write_text(f"0x{device:04x}\n")
+    (folder / "class").write_text(f"0x{klass:06x}\n")
+
+
+def gpus(device: int, count: int = 2) -> Callable[[Path], None]:
+    def build(root: Path) -> None:
+        for n in range(count):
+            pci(root, f"0000:{0x1B + n:02x}:00.0", device, 0x030200)
+
+    return build
+
+
+def secure_boot_on(root: Path) -> None:
+    gpus(0x2330)(root)  # GH100 [H100 SXM5 80GB]
+    folder = root / "sys/firmware/efi/efivars"
+    folder.mkdir(parents=True)
+    (folder / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(b"\x06\0\0\0\x01")
+
+
+def hgx(root: Path) -> None:
+    gpus(0x2330, 8)(root)
+    for bus in (7, 8, 9, 10):
+        pci(root, f"0000:{bus:02x}:00.0", 0x22A3, 0x068000)  # GH100 [H100 NVSwitch]
+
+
+FULL = {"nvidia_driver_mode": "full"}
+
+
 @dataclass(frozen=True)
 class Case:
     facts: dict
     extra: dict
     # Strings the failure message must contain: the variable and the allowed values.
     expect: tuple[str, ...]
+    # Builds the node's system tree (nvidia_driver_system_root); None: this machine's own.
+    system: Callable[[Path], None] | None = None
 
 
 CASES: dict[str, Case] = {
@@ -156,6 +193,63 @@ CASES: dict[str, Case] = {
         ("gpu_env_build_tools", "bool"),
     ),
     "unsupported-os": Case(ROCKY, GOOD_TRIXIE, ("Rocky 9.4 is not supported", "Debian", "Ubuntu")),
+    "good-full-hopper": Case(TRIXIE, {**GOOD_TRIXIE, **FULL}, (), gpus(0x2330)),
+    "blackwell-with-proprietary-modules": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, **FULL, "nvidia_driver_module_flavour": "proprietary"},
+        (
+            "nvidia_driver_module_flavour=proprietary cannot drive GPU 0000:1b:00.0 (10de:2901, "
+            "Blackwell): it needs the open kernel module; set nvidia_driver_module_flavour=open",
+        ),
+        gpus(0x2901),  # GB100 [B200]
+    ),
+    "volta-with-open-modules": Case(
+        BOOKWORM,
+        {**GOOD_BOOKWORM, **FULL, "nvidia_driver_module_flavour": "open"},
+        (
+            "nvidia_driver_module_flavour=open cannot drive GPU 0000:1b:00.0 (10de:1db1, "
+            "pre-Turing",
+            "set nvidia_driver_module_flavour=proprietary",
+        ),
+        gpus(0x1DB1),  # GV100GL [Tesla V100 SXM2 16GB]
+    ),
+    "secure-boot-without-a-key": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, **FULL},
+        (
+            "Secure Boot is on",
+            "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c: 1",
+            "Set nvidia_driver_signing_key and nvidia_driver_signing_cert",
+        ),
+        secure_boot_on,
+    ),
+    "secure-boot-key-missing-on-the-node": Case(
+        TRIXIE,
+        {
+            **GOOD_TRIXIE,
+            **FULL,
+            "nvidia_driver_signing_key": "/nonexistent/mok.key",
+            "nvidia_driver_signing_cert": "/nonexistent/mok.der",
+        },
+        ("not found on the node: /nonexistent/mok.key, /nonexistent/mok.der",),
+        secure_boot_on,
+    ),
+    "secure-boot-check-off": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, **FULL, "nvidia_driver_secure_boot_check": False},
+        (),
+        secure_boot_on,
+    ),
+    "nvswitches-without-fabric-manager-package": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, **FULL},
+        (
+            "NVSwitches on the PCI bus (0000:07:00.0, 0000:08:00.0, 0000:09:00.0, "
+            "0000:0a:00.0) need Fabric Manager",
+            "set nvidia_driver_install_method=nvidia_repo",
+        ),
+        hgx,
+    ),
 }
 
 
@@ -184,6 +278,9 @@ def _run_case(name: str, case: Case, base: Path) -> Run:
         "GS_FAKE_FACTS": str(work / "facts.json"),
     }
     extra = {**case.extra, "gs_marker": str(marker), "ansible_python_interpreter": sys.executable}
+    if case.system:
+        case.system(work / "system")
+        extra["nvidia_driver_system_root"] = str(work / "system")
     proc = subprocess.run(
         [
             shutil.which("ansible-playbook") or "ansible-playbook",
@@ -209,7 +306,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     base = tmp_path_factory.mktemp("preflight")
     (base / "library").mkdir()
     (base / "library" / "gs_fake_facts.py").write_text(FACT_MODULE)
-    with ThreadPoolExecutor(max_workers=len(CASES)) as pool:
+    # All at once on a machine of a few cores would push single runs past their deadline.
+    with ThreadPoolExecutor(max_workers=min(len(CASES), 4 * (os.cpu_count() or 1))) as pool:
         futures = {name: pool.submit(_run_case, name, case, base) for name, case in CASES.items()}
         yield {name: f.result() for name, f in futures.items()}
 
@@ -226,6 +324,8 @@ def test_bad_input_stops_in_preflight(runs: dict[str, Run], name: str) -> None:
     run = runs[name]
     assert run.rc != 0, f"{name}: preflight passed\n{run.output[-3000:]}"
     assert not run.marker_written, f"{name}: a later stage ran after preflight failed"
+    recap = re.search(r"^gs-node\s+:.*$", run.output, re.M)
+    assert recap and " changed=0 " in recap.group(0), f"{name}: preflight changed something"
     flat = " ".join(run.output.split())
     for needle in CASES[name].expect:
         assert needle in flat, f"{name}: {needle!r} not in the failure\n{run.output[-3000:]}"

@@ -39,6 +39,44 @@ def test_driver_packages_held(host):
     assert nvidia, f"no NVIDIA driver package is held (held: {held})"
 
 
+def _held_nvidia(host) -> list[str]:
+    held = host.check_output("apt-mark showhold").split()
+    return [p for p in held if re.match(r"^(nvidia|libnvidia|libcuda|cuda-drivers)", p)]
+
+
+def test_driver_packages_pinned_against_drift(host):
+    require(host, "driver")
+    if hostvars(host).get("nvidia_driver_apt_pin") is False:
+        pytest.skip("nvidia_driver_apt_pin is false in the inventory")
+    alone = driver_left_alone(host)
+    if alone:
+        pytest.skip(alone)
+    nvidia = _held_nvidia(host)
+    assert nvidia, "no NVIDIA driver package is held"
+    for pkg in nvidia:
+        policy = host.check_output(f"apt-cache policy {pkg}")
+        installed = re.search(r"Installed: (\S+)", policy)
+        candidate = re.search(r"Candidate: (\S+)", policy)
+        # The pin keeps the installed version the candidate whatever the repositories offer.
+        assert installed and candidate and installed.group(1) == candidate.group(1), policy
+
+
+def test_driver_packages_blacklisted_for_unattended_upgrades(host):
+    require(host, "driver")
+    if hostvars(host).get("nvidia_driver_unattended_upgrades_blacklist") is False:
+        pytest.skip("nvidia_driver_unattended_upgrades_blacklist is false in the inventory")
+    alone = driver_left_alone(host)
+    if alone:
+        pytest.skip(alone)
+    dump = host.check_output("apt-config dump Unattended-Upgrade::Package-Blacklist")
+    listed = {
+        entry.replace("[.]", ".").replace("[+]", "+").rstrip("$")
+        for entry in re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.+)";$', dump, re.M)
+    }
+    missing = [p for p in _held_nvidia(host) if p not in listed]
+    assert not missing, f"held but not in Unattended-Upgrade::Package-Blacklist: {missing}"
+
+
 def test_nvidia_smi_installed_and_lists_gpus(host):
     require(host, "driver")
     assert host.exists("nvidia-smi"), "nvidia-smi is not installed"
