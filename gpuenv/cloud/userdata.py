@@ -184,16 +184,12 @@ def _refuse_secrets(name: str, value: Any) -> None:
         )
 
 
-def node_variables(variables: Mapping[str, Any], sources: src.Sources) -> dict[str, Any]:
-    """The node's group_vars: the sources mapped onto the roles, then the group's own values
-    (a role variable the group sets itself wins over the preset, unless it is empty: "" means
-    "the default" in the roles), minus controller settings."""
-    mapped: dict[str, Any] = src.role_vars(sources)
-    out = dict(mapped)
+def node_variables(variables: Mapping[str, Any]) -> dict[str, Any]:
+    """The node's group_vars: the group's own values, the gpuenv_* sources among them (the roles
+    read those themselves, as in push mode), minus controller settings and anything secret."""
+    out: dict[str, Any] = {}
     for name, value in variables.items():
         if name.startswith("ansible_") or name in _DROPPED:
-            continue
-        if name in mapped and value in (None, "", []):
             continue
         if _SECRET_NAME_RE.search(name) and value not in (None, "", [], {}):
             raise BadInput(
@@ -236,6 +232,7 @@ def _env_file(req: Request, sources: src.Sources, node_venv: str) -> str:
         "GPUENV_HTTP_PROXY": sources.http_proxy,
         "GPUENV_HTTPS_PROXY": sources.https_proxy,
         "GPUENV_NO_PROXY": sources.no_proxy,
+        "GPUENV_APT_PROXY": sources.apt_proxy,
     }
     for family in src.DISTRO_FAMILIES:
         apt = rewrite.get(family)
@@ -250,6 +247,11 @@ def _pip_conf(sources: src.Sources) -> str:
     lines = ["[global]", f"index-url = {sources.pip_index_url}"]
     if sources.pip_extra_index_urls:
         lines.append(f"extra-index-url = {' '.join(sources.pip_extra_index_urls)}")
+    if sources.pip_find_links:
+        lines.append(f"find-links = {' '.join(sources.pip_find_links)}")
+    trusted = src.plain_http_hosts(sources)
+    if trusted:
+        lines.append(f"trusted-host = {' '.join(trusted)}")
     proxy = sources.https_proxy or sources.http_proxy
     if proxy:
         lines.append(f"proxy = {proxy}")
@@ -273,7 +275,11 @@ def render(req: Request) -> UserData:
     variables = group_vars(data, groups, req.group, req.inventory)
     sources = src.resolve(variables)
     _check_apt_urls(sources)
-    proxies = {"gpuenv_http_proxy": sources.http_proxy, "gpuenv_https_proxy": sources.https_proxy}
+    proxies = {
+        "gpuenv_http_proxy": sources.http_proxy,
+        "gpuenv_https_proxy": sources.https_proxy,
+        "gpuenv_apt_proxy": sources.apt_proxy,
+    }
     for name, url in proxies.items():
         if url and urlsplit(url).password:
             raise BadInput(
@@ -281,7 +287,7 @@ def render(req: Request) -> UserData:
                 "service; use a proxy that admits the instances by address"
             )
     certs = ca_certificates(sources.ca_bundle)
-    node_vars = node_variables(variables, sources)
+    node_vars = node_variables(variables)
     node_venv = str(variables.get("gpu_env_venv") or DEFAULT_NODE_VENV)
     script = resources.files("gpuenv.cloud").joinpath("templates/bootstrap.sh").read_text()
     env = jinja2.Environment(

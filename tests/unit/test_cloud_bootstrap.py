@@ -116,7 +116,9 @@ def test_a_converged_node_records_the_commit_and_the_check_verdict(node):
         "v1",
         GPUENV_APT_MIRROR_DEBIAN="https://mirrors.example.cn/debian",
         GPUENV_APT_SECURITY_DEBIAN="https://mirrors.example.cn/debian-security",
+        GPUENV_HTTP_PROXY="http://proxy.example:3128",
         GPUENV_HTTPS_PROXY="http://proxy.example:3128",
+        GPUENV_APT_PROXY="http://cache.example:3142",
     )
     _fake(root / "opt" / "gpuenv" / "bin" / "gpuenv", "echo '{}' >\"$5\"; exit 1")
     done, marker = _run(root, bin_dir)
@@ -131,7 +133,11 @@ def test_a_converged_node_records_the_commit_and_the_check_verdict(node):
     assert "URIs: https://mirrors.example.cn/debian\n" in sources
     assert "URIs: https://mirrors.example.cn/debian-security\n" in sources
     proxy = (root / "etc" / "apt" / "apt.conf.d" / "90gpuenv-proxy").read_text()
-    assert proxy == 'Acquire::https::Proxy "http://proxy.example:3128";\n'
+    # apt's plain-HTTP proxy is the apt-only one (a site cache), HTTPS goes through the proxy.
+    assert proxy == (
+        'Acquire::http::Proxy "http://cache.example:3142";\n'
+        'Acquire::https::Proxy "http://proxy.example:3128";\n'
+    )
     log = (root / "var" / "log" / "gpuenv-bootstrap.log").read_text()
     inventory = f"{root}/etc/gpuenv/inventory/hosts.yml"
     assert f"ansible-playbook site.yml -i {inventory} --skip-tags ssh,validate" in log
