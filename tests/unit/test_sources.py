@@ -111,7 +111,10 @@ def test_a_wheel_folder_on_the_node_is_a_file_url():
 
 
 # Names shaped like a source variable (module and fact names such as gpuenv_files are not).
-_SOURCE_NAME = r"\bgpuenv_(?:sources_preset|apt_[a-z_]+|cuda_[a-z_]+|pip_[a-z_]+|https?_proxy|no_proxy|ca_bundle)\b"
+_SOURCE_NAME = (
+    r"\bgpuenv_(?:sources_preset|apt_[a-z_]+|cuda_[a-z_]+|pip_[a-z_]+"
+    r"|https?_proxy|no_proxy|ca_bundle)\b"
+)
 
 
 def _role_texts():
