@@ -9,7 +9,8 @@ Push: `ansible-playbook site.yml -i inventory/lab-NAME/hosts.yml -e @VARS --skip
 from the controller, --runs times. Its cost is the user + sys CPU of ansible-playbook and every
 process it waited for (its forks, the ssh clients: getrusage(RUSAGE_CHILDREN)), plus the CPU the
 run added to the SSH control masters (ControlPersist), which detach and are never waited for:
-they are found by their connections to the nodes' addresses (`ss -tnp`).
+they are found by their connections to the nodes' addresses (`ss -tnp`). What the run cost the
+nodes (sshd, the modules) is read from the containers' cgroups.
 
 Pull: what `gpuenv cloud-init`'s bootstrap runs on a node (its converge stage), set up as the
 bootstrap sets it up: the project at HEAD in /opt/gpuenv-bootstrap/project, ansible (the version
@@ -81,17 +82,42 @@ def mux_cpu_s(addresses: set[str]) -> dict[int, float]:
     return cpu
 
 
-def push_run(inventory: Path, extra: list[str], addresses: set[str]) -> dict[str, Any]:
+def container_cpu_s(node: str) -> float | None:
+    """CPU seconds the node's container has used so far (its cgroup: every process in it), or
+    None where this host's cgroup layout is not one of the two known ones."""
+    cid = subprocess.run(
+        ["docker", "inspect", "-f", "{{.Id}}", node], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")
+    if v1.is_file():
+        return int(v1.read_text()) / 1e9
+    v2 = Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat")
+    if v2.is_file():
+        usage = dict(line.split() for line in v2.read_text().splitlines())
+        return int(usage["usage_usec"]) / 1e6
+    return None
+
+
+def nodes_cpu_s(nodes: list[str]) -> float | None:
+    values = [container_cpu_s(n) for n in nodes]
+    return None if None in values else sum(v for v in values if v is not None)
+
+
+def push_run(
+    inventory: Path, extra: list[str], addresses: set[str], nodes: list[str]
+) -> dict[str, Any]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "site.yml", "-i", str(inventory)]
     argv += [*extra, "--skip-tags", "validate"]
     mux_before = mux_cpu_s(addresses)
+    nodes_before = nodes_cpu_s(nodes)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     mux_after = mux_cpu_s(addresses)
+    nodes_after = nodes_cpu_s(nodes)
     mux = sum(v - mux_before.get(pid, 0.0) for pid, v in mux_after.items())
     rows = recap(proc.stdout)
     return {
@@ -101,6 +127,10 @@ def push_run(inventory: Path, extra: list[str], addresses: set[str]) -> dict[str
         "user_s": round(after.ru_utime - before.ru_utime, 2),
         "sys_s": round(after.ru_stime - before.ru_stime, 2),
         "ssh_masters_s": round(mux, 2),
+        # What the run cost the nodes (sshd, the modules), all containers together.
+        "nodes_s": None
+        if nodes_before is None or nodes_after is None
+        else round(nodes_after - nodes_before, 2),
         "changed": sum(r["changed"] for r in rows.values()),
         "failed": sum(r["failed"] for r in rows.values()) + (proc.returncode != 0),
         "hosts": len(rows),
@@ -167,12 +197,14 @@ def pull_setup(node: str, inventory: Path, group: str, pins: dict[str, Any]) -> 
 
 def pull_run(node: str) -> dict[str, Any]:
     log = f"{WORK}/pull-run.log"
+    container_before = container_cpu_s(node)
     out = on_node(
         node,
         f"cd {WORK}/project && TIMEFORMAT='%U %S %R' && "
         f"{{ time {WORK}/venv/bin/ansible-playbook site.yml -i {NODE_INVENTORY}/hosts.yml "
         f"--skip-tags ssh,validate >{log} 2>&1; }} 2>&1; echo rc=$?; cat {log}",
     )
+    container_after = container_cpu_s(node)
     first, rest = out.split("\n", 1)
     user, sys_, wall = map(float, first.split())
     rows = recap(rest)
@@ -181,6 +213,10 @@ def pull_run(node: str) -> dict[str, Any]:
         "wall_s": wall,
         "user_s": user,
         "sys_s": sys_,
+        # The container's whole cgroup over the same span (background services included).
+        "container_s": None
+        if container_before is None or container_after is None
+        else round(container_after - container_before, 2),
         "changed": sum(r["changed"] for r in rows.values()),
         "failed": sum(r["failed"] for r in rows.values()) + ("rc=0" not in rest.split("\n", 1)[0]),
     }
@@ -207,7 +243,9 @@ def main() -> int:
         pins.update(yaml.safe_load(v.read_text()) or {})
     record: dict[str, Any] = {"nodes": len(hosts), "push": [], "pull": []}
     if not args.no_push:
-        record["push"] = [push_run(inventory, extra, addresses) for _ in range(args.runs)]
+        record["push"] = [
+            push_run(inventory, extra, addresses, list(hosts)) for _ in range(args.runs)
+        ]
     if not args.no_pull:
         for node in hosts:
             pull_setup(node, inventory, args.group, pins)
