@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 import jinja2
 import yaml
 
+from gpuenv.checks.profiles import profile_names
+from gpuenv.checks.thresholds import load_thresholds
 from gpuenv.cloud import sources as src
 from gpuenv.cluster import inventory
 from gpuenv.errors import BadInput
@@ -37,6 +39,9 @@ DEFAULT_PLAYBOOK = "site.yml"
 # the cluster validation needs every node.
 SKIP_TAGS = ("ssh", "validate")
 DEFAULT_NODE_VENV = "/opt/gpuenv"  # roles/gpu_env's gpu_env_venv
+# The node checks itself by the profile the cluster's validate stage uses (playbooks/validate.yml).
+PROFILE_VAR = "validate_profile"
+DEFAULT_PROFILE = "quick"
 # AWS EC2 refuses user data over 16 KiB (before base64); Aliyun ECS allows 32 KiB.
 USER_DATA_LIMIT = 16384
 
@@ -217,7 +222,18 @@ def ca_certificates(path: str) -> list[str]:
     return certs
 
 
-def _env_file(req: Request, sources: src.Sources, node_venv: str) -> str:
+def check_profile(variables: Mapping[str, Any]) -> str:
+    """The group's ``validate_profile`` (quick, full, cpu: CPU-only nodes such as the lab's)."""
+    profile = variables.get(PROFILE_VAR) or DEFAULT_PROFILE
+    known = profile_names(load_thresholds())
+    if profile not in known:
+        raise BadInput(
+            f"{PROFILE_VAR}={profile!r} is not a check profile; valid: {', '.join(known)}"
+        )
+    return str(profile)
+
+
+def _env_file(req: Request, sources: src.Sources, node_venv: str, profile: str) -> str:
     official = src.preset("official").apt
     rewrite = {f: a for f, a in sources.apt.items() if a != official[f]}
     values = {
@@ -229,6 +245,7 @@ def _env_file(req: Request, sources: src.Sources, node_venv: str) -> str:
         "GPUENV_ANSIBLE": req.ansible,
         "GPUENV_ANSIBLE_PY310": req.ansible_py310,
         "GPUENV_NODE_VENV": node_venv,
+        "GPUENV_CHECK_PROFILE": profile,
         "GPUENV_HTTP_PROXY": sources.http_proxy,
         "GPUENV_HTTPS_PROXY": sources.https_proxy,
         "GPUENV_NO_PROXY": sources.no_proxy,
@@ -308,7 +325,7 @@ def render(req: Request) -> UserData:
         playbook=req.playbook,
         ca_certs=certs,
         # Each file's content is a YAML block scalar, which gives back its final newline.
-        env_file=_env_file(req, sources, node_venv).rstrip("\n"),
+        env_file=_env_file(req, sources, node_venv, check_profile(variables)).rstrip("\n"),
         pip_conf=_pip_conf(sources).rstrip("\n"),
         group_vars=(header + yaml.safe_dump(node_vars, sort_keys=True)).rstrip("\n"),
         script=script.rstrip("\n"),

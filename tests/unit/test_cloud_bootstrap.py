@@ -119,8 +119,13 @@ def test_a_converged_node_records_the_commit_and_the_check_verdict(node):
         GPUENV_HTTP_PROXY="http://proxy.example:3128",
         GPUENV_HTTPS_PROXY="http://proxy.example:3128",
         GPUENV_APT_PROXY="http://cache.example:3142",
+        GPUENV_CHECK_PROFILE="cpu",
     )
-    _fake(root / "opt" / "gpuenv" / "bin" / "gpuenv", "echo '{}' >\"$5\"; exit 1")
+    args = root / "check-args"
+    _fake(
+        root / "opt" / "gpuenv" / "bin" / "gpuenv",
+        f'echo "$*" >{args}; echo \'{{}}\' >"$5"; exit 1',
+    )
     done, marker = _run(root, bin_dir)
     assert done.returncode == 0, done.stderr
     head = subprocess.run(
@@ -129,6 +134,8 @@ def test_a_converged_node_records_the_commit_and_the_check_verdict(node):
     assert (marker["status"], marker["stage"], marker["verdict"]) == ("done", "done", "fail")
     assert marker["commit"] == head
     assert marker["check_report"].endswith("/var/lib/gpuenv/check.json")
+    # The node judges itself by the group's validate_profile.
+    assert args.read_text().split()[-2:] == ["--profile", "cpu"]
     sources = (root / "etc" / "apt" / "sources.list.d" / "debian.sources").read_text()
     assert "URIs: https://mirrors.example.cn/debian\n" in sources
     assert "URIs: https://mirrors.example.cn/debian-security\n" in sources

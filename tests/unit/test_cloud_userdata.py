@@ -218,6 +218,21 @@ def test_role_variables_and_site_cache_settings_reach_the_node_as_set(tmp_path):
     assert "trusted-host = cache.site.example\n" in pip_conf
 
 
+def test_the_node_checks_itself_by_the_groups_validate_profile(tmp_path):
+    inv = _write_inventory(tmp_path, "        validate_profile: cpu")
+    files = {
+        f["path"]: f["content"]
+        for f in yaml.safe_load(userdata.render(_request(inv)).text)["write_files"]
+    }
+    assert "GPUENV_CHECK_PROFILE=cpu\n" in files["/etc/gpuenv/bootstrap.env"]
+    (tmp_path / "bad").mkdir()
+    bad = _write_inventory(tmp_path / "bad", "        validate_profile: fastest")
+    with pytest.raises(
+        BadInput, match="validate_profile='fastest' is not a check profile; valid: "
+    ):
+        userdata.render(_request(bad))
+
+
 def test_apt_proxy_with_a_password_is_refused(tmp_path):
     inv = _write_inventory(tmp_path, "        gpuenv_apt_proxy: http://me:pw@cache.example:3142")
     with pytest.raises(BadInput, match="gpuenv_apt_proxy carries a password"):

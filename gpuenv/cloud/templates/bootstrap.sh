@@ -206,7 +206,8 @@ do_converge() {
 do_check() {
   local rc=0
   rm -f "$check_report"
-  "$GPUENV_NODE_VENV/bin/gpuenv" check --node "$node" --json "$check_report" || rc=$?
+  "$GPUENV_NODE_VENV/bin/gpuenv" check --node "$node" --json "$check_report" \
+    --profile "${GPUENV_CHECK_PROFILE:-quick}" || rc=$?
   case "$rc" in
     0) verdict=pass ;;
     1) verdict=fail ;;
