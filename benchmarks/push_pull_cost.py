@@ -6,10 +6,12 @@ Needs a running, converged lab (`gpuenv lab up --name NAME`, then site.yml once)
 of this checkout (the pull runs use `git archive HEAD`).
 
 Push: `ansible-playbook site.yml -i inventory/lab-NAME/hosts.yml -e @VARS --skip-tags validate`
-from the controller, --runs times. Its cost is the user + sys CPU of ansible-playbook and every
-process it waited for (its forks, the ssh clients: getrusage(RUSAGE_CHILDREN)), plus the CPU the
-run added to the SSH control masters (ControlPersist), which detach and are never waited for:
-they are found by their connections to the nodes' addresses (`ss -tnp`). What the run cost the
+from the controller, once untimed (a pull run before leaves each node's hostfile naming itself
+alone, which the controller's run puts back), then --runs times. Its cost is the user + sys CPU
+of ansible-playbook and every process it waited for (its forks, the ssh clients:
+getrusage(RUSAGE_CHILDREN)), plus the CPU the run added to the SSH control masters
+(ControlPersist), which detach and are never waited for: they are found by their connections to
+the nodes' addresses (`ss -tnp`). What the run cost the
 nodes (sshd, the modules) is read from the containers' cgroups.
 
 Pull: what `gpuenv cloud-init`'s bootstrap runs on a node (its converge stage), set up as the
@@ -243,6 +245,7 @@ def main() -> int:
         pins.update(yaml.safe_load(v.read_text()) or {})
     record: dict[str, Any] = {"nodes": len(hosts), "push": [], "pull": []}
     if not args.no_push:
+        push_run(inventory, extra, addresses, list(hosts))  # settles
         record["push"] = [
             push_run(inventory, extra, addresses, list(hosts)) for _ in range(args.runs)
         ]
