@@ -45,26 +45,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.rerun_site import recap  # noqa: E402
 from gpuenv.cloud import userdata  # noqa: E402
 
-RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WORK = "/opt/gpuenv-bootstrap"
 NODE_INVENTORY = "/etc/gpuenv/inventory"
 WHEELHOUSE = "http://apt-cache:8080/"
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    rows = {}
-    for line in output.splitlines():
-        m = RECAP.match(line.strip())
-        if m:
-            rows[m.group(1)] = {
-                "ok": int(m.group(2)),
-                "changed": int(m.group(3)),
-                "failed": int(m.group(5)) + int(m.group(4)),
-            }
-    return rows
 
 
 def mux_cpu_s(addresses: set[str]) -> dict[int, float]:
@@ -134,7 +121,8 @@ def push_run(
         if nodes_before is None or nodes_after is None
         else round(nodes_after - nodes_before, 2),
         "changed": sum(r["changed"] for r in rows.values()),
-        "failed": sum(r["failed"] for r in rows.values()) + (proc.returncode != 0),
+        "failed": sum(r["failed"] + r["unreachable"] for r in rows.values())
+        + (proc.returncode != 0),
         "hosts": len(rows),
     }
 
@@ -220,7 +208,8 @@ def pull_run(node: str) -> dict[str, Any]:
         if container_before is None or container_after is None
         else round(container_after - container_before, 2),
         "changed": sum(r["changed"] for r in rows.values()),
-        "failed": sum(r["failed"] for r in rows.values()) + ("rc=0" not in rest.split("\n", 1)[0]),
+        "failed": sum(r["failed"] + r["unreachable"] for r in rows.values())
+        + ("rc=0" not in rest.split("\n", 1)[0]),
     }
 
 
