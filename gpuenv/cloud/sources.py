@@ -3,14 +3,17 @@
 A site sets ``gpuenv_sources_preset`` (``official``, ``tuna``, ``ustc``, ``aliyun``: see
 ``gpuenv/data/sources.yaml``) and, where it has its own, any of the overrides in
 ``OVERRIDES``. ``resolve`` turns those inventory variables into a ``Sources`` record (an unknown
-preset or a malformed value is ``BadInput`` naming the variable); ``role_vars`` maps it onto the
-variables the roles read today (``nvidia_driver_debian_mirror``, ``gpu_env_pip_index_url``, ...),
-which is what docs/sources.md tabulates.
+preset or a malformed value is ``BadInput`` naming the variable): ``gpuenv cloud-init`` checks the
+group's sources with it and sets up what the bootstrap needs before Ansible runs (apt, pip).
+
+The roles read the same variables themselves: their defaults are expressions over the
+``gpuenv_*`` variables, with the preset read from the same table through the collection's filter
+``plugins/filter/sources.py`` (docs/sources.md, "How the roles read them"). The two resolvers are
+held to the same answers by tests/integration/test_sources_roles.py.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -35,6 +38,8 @@ OVERRIDES = (
     "gpuenv_https_proxy",
     "gpuenv_no_proxy",
     "gpuenv_ca_bundle",
+    "gpuenv_apt_proxy",
+    "gpuenv_pip_find_links",
 )
 DISTRO_FAMILIES = ("debian", "ubuntu")
 # Where the system bundle lies once a site CA is installed with update-ca-certificates.
@@ -71,6 +76,8 @@ class Sources:
     https_proxy: str
     no_proxy: str
     ca_bundle: str  # controller path of a PEM file with the site's CA certificates; empty: none
+    apt_proxy: str  # apt-only HTTP proxy (a site cache such as apt-cacher-ng); empty: none
+    pip_find_links: tuple[str, ...]  # wheel folders pip also searches (--find-links)
     notes: tuple[str, ...]  # what the user should know (a preset without a CUDA mirror)
 
 
@@ -131,12 +138,16 @@ def _url(variables: Mapping[str, Any], name: str, schemes: tuple[str, ...]) -> s
 def _is_url(value: str, schemes: tuple[str, ...]) -> bool:
     try:
         parts = urlsplit(value)
+        if parts.scheme == "file" and "file" in schemes:  # a folder on the node: file:///srv/wheels
+            return not parts.netloc and parts.path.startswith("/")
         return parts.scheme in schemes and bool(parts.hostname) and parts.port != 0
     except ValueError:  # a port that is not a number
         return False
 
 
-def _url_list(variables: Mapping[str, Any], name: str) -> tuple[str, ...]:
+def _url_list(
+    variables: Mapping[str, Any], name: str, schemes: tuple[str, ...] = ("http", "https")
+) -> tuple[str, ...]:
     value = variables.get(name)
     if value in (None, ""):
         return ()
@@ -144,8 +155,9 @@ def _url_list(variables: Mapping[str, Any], name: str) -> tuple[str, ...]:
     if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
         raise BadInput(f"{name} must be a URL or a list of URLs, got {value!r}")
     for item in items:
-        _url({name: item}, name, ("http", "https"))
-    return tuple(i.strip() for i in items)
+        if item.strip():
+            _url({name: item}, name, schemes)
+    return tuple(i.strip() for i in items if i.strip())
 
 
 def resolve(variables: Mapping[str, Any]) -> Sources:
@@ -182,38 +194,18 @@ def resolve(variables: Mapping[str, Any]) -> Sources:
         https_proxy=_url(variables, "gpuenv_https_proxy", web),
         no_proxy=_text(variables, "gpuenv_no_proxy"),
         ca_bundle=_text(variables, "gpuenv_ca_bundle"),
+        apt_proxy=_url(variables, "gpuenv_apt_proxy", web),
+        pip_find_links=_url_list(variables, "gpuenv_pip_find_links", ("http", "https", "file")),
         notes=tuple(notes),
     )
 
 
-def pip_args(sources: Sources) -> str:
-    """Command-line arguments that make a bare ``pip install`` use these sources."""
-    argv = ["--index-url", sources.pip_index_url]
-    for url in sources.pip_extra_index_urls:
-        argv += ["--extra-index-url", url]
-    proxy = sources.https_proxy or sources.http_proxy
-    if proxy:
-        argv += ["--proxy", proxy]
-    if sources.ca_bundle:
-        argv += ["--cert", SYSTEM_CA_BUNDLE]
-    return shlex.join(argv)
-
-
-def role_vars(sources: Sources) -> dict[str, Any]:
-    """The roles' own variables that carry these sources (docs/sources.md, "Mapping").
-
-    cuda_toolkit_* and nccl_* mirror and repository variables default to the nvidia_driver_*
-    ones, so setting those covers all three roles.
-    """
-    proxy = sources.https_proxy or sources.http_proxy
-    return {
-        "nvidia_driver_debian_mirror": sources.apt["debian"].mirror,
-        "nvidia_driver_repo_url": sources.cuda_repo_url,
-        "nvidia_driver_repo_key_url": sources.cuda_repo_key_url,
-        "cuda_toolkit_pip_extra_args": pip_args(sources),
-        "nccl_pip_extra_args": pip_args(sources),
-        "gpu_env_pip_index_url": sources.pip_index_url,
-        "gpu_env_pip_extra_index_urls": list(sources.pip_extra_index_urls),
-        "gpu_env_pip_proxy": proxy,
-        "gpu_env_pip_cert": SYSTEM_CA_BUNDLE,
-    }
+def plain_http_hosts(sources: Sources) -> tuple[str, ...]:
+    """Hosts of the plain-HTTP pip index and wheel folders: pip ignores them unless trusted."""
+    urls = (sources.pip_index_url, *sources.pip_extra_index_urls, *sources.pip_find_links)
+    hosts: list[str] = []
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme == "http" and parts.hostname and parts.hostname not in hosts:
+            hosts.append(parts.hostname)
+    return tuple(hosts)

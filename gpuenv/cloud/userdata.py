@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 import jinja2
 import yaml
 
+from gpuenv.checks.profiles import profile_names
+from gpuenv.checks.thresholds import load_thresholds
 from gpuenv.cloud import sources as src
 from gpuenv.cluster import inventory
 from gpuenv.errors import BadInput
@@ -37,6 +39,9 @@ DEFAULT_PLAYBOOK = "site.yml"
 # the cluster validation needs every node.
 SKIP_TAGS = ("ssh", "validate")
 DEFAULT_NODE_VENV = "/opt/gpuenv"  # roles/gpu_env's gpu_env_venv
+# The node checks itself by the profile the cluster's validate stage uses (playbooks/validate.yml).
+PROFILE_VAR = "validate_profile"
+DEFAULT_PROFILE = "quick"
 # AWS EC2 refuses user data over 16 KiB (before base64); Aliyun ECS allows 32 KiB.
 USER_DATA_LIMIT = 16384
 
@@ -184,16 +189,12 @@ def _refuse_secrets(name: str, value: Any) -> None:
         )
 
 
-def node_variables(variables: Mapping[str, Any], sources: src.Sources) -> dict[str, Any]:
-    """The node's group_vars: the sources mapped onto the roles, then the group's own values
-    (a role variable the group sets itself wins over the preset, unless it is empty: "" means
-    "the default" in the roles), minus controller settings."""
-    mapped: dict[str, Any] = src.role_vars(sources)
-    out = dict(mapped)
+def node_variables(variables: Mapping[str, Any]) -> dict[str, Any]:
+    """The node's group_vars: the group's own values, the gpuenv_* sources among them (the roles
+    read those themselves, as in push mode), minus controller settings and anything secret."""
+    out: dict[str, Any] = {}
     for name, value in variables.items():
         if name.startswith("ansible_") or name in _DROPPED:
-            continue
-        if name in mapped and value in (None, "", []):
             continue
         if _SECRET_NAME_RE.search(name) and value not in (None, "", [], {}):
             raise BadInput(
@@ -221,7 +222,18 @@ def ca_certificates(path: str) -> list[str]:
     return certs
 
 
-def _env_file(req: Request, sources: src.Sources, node_venv: str) -> str:
+def check_profile(variables: Mapping[str, Any]) -> str:
+    """The group's ``validate_profile`` (quick, full, cpu: CPU-only nodes such as the lab's)."""
+    profile = variables.get(PROFILE_VAR) or DEFAULT_PROFILE
+    known = profile_names(load_thresholds())
+    if profile not in known:
+        raise BadInput(
+            f"{PROFILE_VAR}={profile!r} is not a check profile; valid: {', '.join(known)}"
+        )
+    return str(profile)
+
+
+def _env_file(req: Request, sources: src.Sources, node_venv: str, profile: str) -> str:
     official = src.preset("official").apt
     rewrite = {f: a for f, a in sources.apt.items() if a != official[f]}
     values = {
@@ -233,9 +245,11 @@ def _env_file(req: Request, sources: src.Sources, node_venv: str) -> str:
         "GPUENV_ANSIBLE": req.ansible,
         "GPUENV_ANSIBLE_PY310": req.ansible_py310,
         "GPUENV_NODE_VENV": node_venv,
+        "GPUENV_CHECK_PROFILE": profile,
         "GPUENV_HTTP_PROXY": sources.http_proxy,
         "GPUENV_HTTPS_PROXY": sources.https_proxy,
         "GPUENV_NO_PROXY": sources.no_proxy,
+        "GPUENV_APT_PROXY": sources.apt_proxy,
     }
     for family in src.DISTRO_FAMILIES:
         apt = rewrite.get(family)
@@ -250,6 +264,11 @@ def _pip_conf(sources: src.Sources) -> str:
     lines = ["[global]", f"index-url = {sources.pip_index_url}"]
     if sources.pip_extra_index_urls:
         lines.append(f"extra-index-url = {' '.join(sources.pip_extra_index_urls)}")
+    if sources.pip_find_links:
+        lines.append(f"find-links = {' '.join(sources.pip_find_links)}")
+    trusted = src.plain_http_hosts(sources)
+    if trusted:
+        lines.append(f"trusted-host = {' '.join(trusted)}")
     proxy = sources.https_proxy or sources.http_proxy
     if proxy:
         lines.append(f"proxy = {proxy}")
@@ -273,7 +292,11 @@ def render(req: Request) -> UserData:
     variables = group_vars(data, groups, req.group, req.inventory)
     sources = src.resolve(variables)
     _check_apt_urls(sources)
-    proxies = {"gpuenv_http_proxy": sources.http_proxy, "gpuenv_https_proxy": sources.https_proxy}
+    proxies = {
+        "gpuenv_http_proxy": sources.http_proxy,
+        "gpuenv_https_proxy": sources.https_proxy,
+        "gpuenv_apt_proxy": sources.apt_proxy,
+    }
     for name, url in proxies.items():
         if url and urlsplit(url).password:
             raise BadInput(
@@ -281,7 +304,7 @@ def render(req: Request) -> UserData:
                 "service; use a proxy that admits the instances by address"
             )
     certs = ca_certificates(sources.ca_bundle)
-    node_vars = node_variables(variables, sources)
+    node_vars = node_variables(variables)
     node_venv = str(variables.get("gpu_env_venv") or DEFAULT_NODE_VENV)
     script = resources.files("gpuenv.cloud").joinpath("templates/bootstrap.sh").read_text()
     env = jinja2.Environment(
@@ -302,7 +325,7 @@ def render(req: Request) -> UserData:
         playbook=req.playbook,
         ca_certs=certs,
         # Each file's content is a YAML block scalar, which gives back its final newline.
-        env_file=_env_file(req, sources, node_venv).rstrip("\n"),
+        env_file=_env_file(req, sources, node_venv, check_profile(variables)).rstrip("\n"),
         pip_conf=_pip_conf(sources).rstrip("\n"),
         group_vars=(header + yaml.safe_dump(node_vars, sort_keys=True)).rstrip("\n"),
         script=script.rstrip("\n"),

@@ -45,7 +45,7 @@ PLAY = """---
       ansible.builtin.include_role:
         name: "gpuenv.cluster.{{ item }}"
         tasks_from: validate
-      loop: [nvidia_driver, cuda_toolkit, nccl, gpu_env]
+      loop: [sources, nvidia_driver, cuda_toolkit, nccl, gpu_env]
 
     - name: Write a file in check mode
       gpuenv.cluster.gpuenv_files:
@@ -65,7 +65,9 @@ PLAY = """---
 
     - name: Report what the modules said
       ansible.builtin.copy:
-        content: "{{ {'files': gs_files, 'found': gs_found} | to_json }}"
+        content: >-
+          {{ {'files': gs_files, 'found': gs_found,
+              'tuna_pypi': ('tuna' | gpuenv.cluster.sources_preset).pypi.index_url} | to_json }}
         dest: "{{ gs_dir }}/result.json"
         mode: "0644"
 """
@@ -132,7 +134,11 @@ def test_tarball_holds_the_collection_and_nothing_else(installed: Installed) -> 
     ):
         assert wanted in names, wanted
     tops = {name.split("/")[0] for name in names}
-    assert not tops & {"gpuenv", "tests", "molecule", "scripts", "benchmarks", ".venv", ".ansible"}
+    assert not tops & {"tests", "molecule", "scripts", "benchmarks", ".venv", ".ansible"}
+    # Of the Python package, only the sources presets table that the roles' filter reads.
+    with tarfile.open(installed.tarball) as tar:
+        package = {m.name for m in tar.getmembers() if m.isfile() and m.name.startswith("gpuenv/")}
+    assert package == {"gpuenv/data/sources.yaml"}
     assert installed.tarball.stat().st_size < 200_000
 
 
@@ -151,6 +157,8 @@ def test_outside_playbook_uses_roles_and_modules_by_full_name(installed: Install
     assert result["files"]["changed_paths"] == [str(installed.work / "written.conf")]
     assert not (installed.work / "written.conf").exists()
     assert "pyyaml" in result["found"]["interpreter"]
+    # The presets table travelled with the collection: the roles' filter reads it there.
+    assert result["tuna_pypi"] == "https://pypi.tuna.tsinghua.edu.cn/simple"
     # The roles came from the installed copy, not from the checkout.
     doc = _run(
         [_bin("ansible-doc"), "-t", "role", "gpuenv.cluster.apt_pin"], installed.env, installed.work

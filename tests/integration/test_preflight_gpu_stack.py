@@ -250,6 +250,34 @@ CASES: dict[str, Case] = {
         ),
         hgx,
     ),
+    "good-sources": Case(
+        TRIXIE,
+        {
+            **GOOD_TRIXIE,
+            "gpuenv_sources_preset": "tuna",
+            "gpuenv_apt_proxy": "http://cache.site.example:3142",
+            "gpuenv_pip_find_links": "http://cache.site.example:8080/",
+        },
+        (),
+    ),
+    "unknown-sources-preset": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "gpuenv_sources_preset": "tsinghua"},
+        (
+            "gpuenv_sources_preset='tsinghua' is not a known preset",
+            "valid: aliyun, official, tuna, ustc",
+        ),
+    ),
+    "sources-mirror-not-a-url": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "gpuenv_apt_mirror": "mirrors.example.cn/debian"},
+        ("not a URL", "gpuenv_apt_mirror"),
+    ),
+    "sources-ca-bundle-missing": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "gpuenv_ca_bundle": "/nonexistent/site-ca.pem"},
+        ("gpuenv_ca_bundle", "/nonexistent/site-ca.pem does not exist on the controller"),
+    ),
 }
 
 

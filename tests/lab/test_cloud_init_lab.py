@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE = "node1"
 BAD_REF_DEADLINE_S = 900  # apt install + the ansible venv, then the fetch fails
 CONVERGE_DEADLINE_S = 2400  # the whole stack on one node, on a shared 2-core machine
+TORCH = "torch==2.13.0"  # the CPU build constraints.txt pins, which lies on the controller
 # Test-harness settings for cloud-init (not user data): the NoCloud seed only, and hands off
 # what a container must keep (its network, hostname, apt sources and the host keys the lab's
 # known_hosts holds).
@@ -107,7 +108,21 @@ def project(tmp_path_factory):
     )  # fmt: skip
     inv = tmp_path_factory.mktemp("cloudinv")
     pins = yaml.safe_load((ROOT / "inventory" / "pins" / "debian-12.yml").read_text())
-    group_vars = {**pins, "gpuenv_lab_wheelhouse_url": WHEELHOUSE_URL}
+    # CPU-only lab nodes are judged by the cpu profile, as the lab's own inventory says; it
+    # requires ddp, so the node gets the CPU build of torch from the lab's wheelhouse (cp311: a
+    # Debian 12 node), as `make demo` does.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "-c", str(ROOT / "constraints.txt"),
+         "-d", str(wheelhouse_dir(ROOT)), TORCH],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    group_vars = {
+        **pins,
+        "gpuenv_lab_wheelhouse_url": WHEELHOUSE_URL,
+        "validate_profile": "cpu",
+        "gpu_env_install_torch": True,
+        "gpu_env_torch_package": TORCH,
+    }
     (inv / "hosts.yml").write_text(
         yaml.safe_dump({"all": {"children": {"cloud_nodes": {"vars": group_vars}}}})
     )

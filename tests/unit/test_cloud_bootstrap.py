@@ -116,9 +116,16 @@ def test_a_converged_node_records_the_commit_and_the_check_verdict(node):
         "v1",
         GPUENV_APT_MIRROR_DEBIAN="https://mirrors.example.cn/debian",
         GPUENV_APT_SECURITY_DEBIAN="https://mirrors.example.cn/debian-security",
+        GPUENV_HTTP_PROXY="http://proxy.example:3128",
         GPUENV_HTTPS_PROXY="http://proxy.example:3128",
+        GPUENV_APT_PROXY="http://cache.example:3142",
+        GPUENV_CHECK_PROFILE="cpu",
     )
-    _fake(root / "opt" / "gpuenv" / "bin" / "gpuenv", "echo '{}' >\"$5\"; exit 1")
+    args = root / "check-args"
+    _fake(
+        root / "opt" / "gpuenv" / "bin" / "gpuenv",
+        f'echo "$*" >{args}; echo \'{{}}\' >"$5"; exit 1',
+    )
     done, marker = _run(root, bin_dir)
     assert done.returncode == 0, done.stderr
     head = subprocess.run(
@@ -127,11 +134,17 @@ def test_a_converged_node_records_the_commit_and_the_check_verdict(node):
     assert (marker["status"], marker["stage"], marker["verdict"]) == ("done", "done", "fail")
     assert marker["commit"] == head
     assert marker["check_report"].endswith("/var/lib/gpuenv/check.json")
+    # The node judges itself by the group's validate_profile.
+    assert args.read_text().split()[-2:] == ["--profile", "cpu"]
     sources = (root / "etc" / "apt" / "sources.list.d" / "debian.sources").read_text()
     assert "URIs: https://mirrors.example.cn/debian\n" in sources
     assert "URIs: https://mirrors.example.cn/debian-security\n" in sources
     proxy = (root / "etc" / "apt" / "apt.conf.d" / "90gpuenv-proxy").read_text()
-    assert proxy == 'Acquire::https::Proxy "http://proxy.example:3128";\n'
+    # apt's plain-HTTP proxy is the apt-only one (a site cache), HTTPS goes through the proxy.
+    assert proxy == (
+        'Acquire::http::Proxy "http://cache.example:3142";\n'
+        'Acquire::https::Proxy "http://proxy.example:3128";\n'
+    )
     log = (root / "var" / "log" / "gpuenv-bootstrap.log").read_text()
     inventory = f"{root}/etc/gpuenv/inventory/hosts.yml"
     assert f"ansible-playbook site.yml -i {inventory} --skip-tags ssh,validate" in log

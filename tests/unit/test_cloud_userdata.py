@@ -74,8 +74,11 @@ def test_user_data_carries_the_groups_variables_and_the_resolved_sources(rendere
     doc, files = _files(out.text)
     node_vars = yaml.safe_load(files["/etc/gpuenv/inventory/group_vars/cloud_nodes.yml"]["content"])
     assert node_vars["nvidia_driver_branch"] == "580"
-    assert node_vars["nvidia_driver_repo_url"] == "https://mirrors.aliyun.com/nvidia-cuda"
-    assert node_vars["gpu_env_pip_index_url"] == "https://mirrors.aliyun.com/pypi/simple/"
+    # The sources go as the group set them: the roles resolve the preset on the node as they do
+    # from a controller; the CA bundle is a controller path (cloud-init's ca_certs installs it).
+    assert node_vars["gpuenv_sources_preset"] == "aliyun"
+    assert "gpuenv_ca_bundle" not in node_vars
+    assert not any(k.startswith(("nvidia_driver_repo", "gpu_env_pip")) for k in node_vars)
     assert not any(k.startswith("ansible_") for k in node_vars)
     assert "ssh_mesh_private_key_file" not in node_vars
     assert doc["ca_certs"]["trusted"] == [FAKE_CA]
@@ -196,15 +199,44 @@ def test_proxy_with_a_password_is_refused(tmp_path):
         userdata.render(_request(inv))
 
 
-def test_an_explicit_role_variable_beats_the_preset_but_an_empty_one_does_not(tmp_path):
+def test_role_variables_and_site_cache_settings_reach_the_node_as_set(tmp_path):
     inv = _write_inventory(
         tmp_path,
         '        nvidia_driver_repo_url: "http://repo.site.example/cuda"\n'
-        '        gpu_env_pip_index_url: ""',
+        "        gpuenv_apt_proxy: http://cache.site.example:3142\n"
+        "        gpuenv_pip_find_links: http://cache.site.example:8080/",
     )
-    node_vars = userdata.render(_request(inv)).node_vars
-    assert node_vars["nvidia_driver_repo_url"] == "http://repo.site.example/cuda"
-    assert node_vars["gpu_env_pip_index_url"] == "https://mirrors.aliyun.com/pypi/simple/"
+    out = userdata.render(_request(inv))
+    # An explicit role variable wins over the preset on the node as it does in push mode.
+    assert out.node_vars["nvidia_driver_repo_url"] == "http://repo.site.example/cuda"
+    assert out.node_vars["gpuenv_apt_proxy"] == "http://cache.site.example:3142"
+    files = {f["path"]: f["content"] for f in yaml.safe_load(out.text)["write_files"]}
+    # The bootstrap's own apt and pip steps use the site cache too.
+    assert "GPUENV_APT_PROXY=http://cache.site.example:3142\n" in files["/etc/gpuenv/bootstrap.env"]
+    pip_conf = files["/etc/gpuenv/pip.conf"]
+    assert "find-links = http://cache.site.example:8080/\n" in pip_conf
+    assert "trusted-host = cache.site.example\n" in pip_conf
+
+
+def test_the_node_checks_itself_by_the_groups_validate_profile(tmp_path):
+    inv = _write_inventory(tmp_path, "        validate_profile: cpu")
+    files = {
+        f["path"]: f["content"]
+        for f in yaml.safe_load(userdata.render(_request(inv)).text)["write_files"]
+    }
+    assert "GPUENV_CHECK_PROFILE=cpu\n" in files["/etc/gpuenv/bootstrap.env"]
+    (tmp_path / "bad").mkdir()
+    bad = _write_inventory(tmp_path / "bad", "        validate_profile: fastest")
+    with pytest.raises(
+        BadInput, match="validate_profile='fastest' is not a check profile; valid: "
+    ):
+        userdata.render(_request(bad))
+
+
+def test_apt_proxy_with_a_password_is_refused(tmp_path):
+    inv = _write_inventory(tmp_path, "        gpuenv_apt_proxy: http://me:pw@cache.example:3142")
+    with pytest.raises(BadInput, match="gpuenv_apt_proxy carries a password"):
+        userdata.render(_request(inv))
 
 
 def test_checkout_defaults_are_the_origin_url_and_head(tmp_path):

@@ -2,7 +2,6 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpuenv.cloud import sources
 from gpuenv.errors import BadInput
@@ -32,25 +31,22 @@ def test_unknown_preset_lists_the_valid_ones():
     assert "valid: aliyun, official, tuna, ustc" in message
 
 
-def test_default_is_official_and_maps_onto_the_role_variables():
+def test_default_is_official():
     resolved = sources.resolve({})
     assert resolved.preset == "official"
-    out = sources.role_vars(resolved)
-    assert out["nvidia_driver_debian_mirror"] == "http://deb.debian.org/debian"
-    assert (
-        out["nvidia_driver_repo_url"] == "https://developer.download.nvidia.com/compute/cuda/repos"
-    )
-    assert out["nvidia_driver_repo_key_url"] == ""
-    assert out["gpu_env_pip_index_url"] == "https://pypi.org/simple"
-    assert out["gpu_env_pip_proxy"] == ""
-    assert out["nccl_pip_extra_args"] == "--index-url https://pypi.org/simple"
+    assert resolved.apt["debian"].mirror == "http://deb.debian.org/debian"
+    assert resolved.cuda_repo_url == "https://developer.download.nvidia.com/compute/cuda/repos"
+    assert resolved.cuda_repo_key_url == ""
+    assert resolved.pip_index_url == "https://pypi.org/simple"
+    assert (resolved.http_proxy, resolved.apt_proxy, resolved.pip_find_links) == ("", "", ())
+    assert resolved.notes == ()
 
 
 def test_aliyun_preset_carries_nvidias_repository_mirror():
-    out = sources.role_vars(sources.resolve({"gpuenv_sources_preset": "aliyun"}))
-    assert out["nvidia_driver_repo_url"] == "https://mirrors.aliyun.com/nvidia-cuda"
-    assert out["nvidia_driver_debian_mirror"] == "https://mirrors.aliyun.com/debian"
-    assert out["gpu_env_pip_index_url"] == "https://mirrors.aliyun.com/pypi/simple/"
+    resolved = sources.resolve({"gpuenv_sources_preset": "aliyun"})
+    assert resolved.cuda_repo_url == "https://mirrors.aliyun.com/nvidia-cuda"
+    assert resolved.apt["debian"].mirror == "https://mirrors.aliyun.com/debian"
+    assert resolved.pip_index_url == "https://mirrors.aliyun.com/pypi/simple/"
 
 
 def test_a_preset_without_a_cuda_mirror_keeps_nvidias_and_says_so():
@@ -71,20 +67,21 @@ def test_overrides_beat_the_preset():
             "gpuenv_pip_extra_index_url": ["https://wheels.site.example/simple"],
             "gpuenv_https_proxy": "http://proxy.site.example:3128",
             "gpuenv_ca_bundle": "/etc/site-ca.pem",
+            "gpuenv_apt_proxy": "http://cache.site.example:3142",
+            "gpuenv_pip_find_links": "http://cache.site.example:8080/",
         }
     )
-    out = sources.role_vars(resolved)
-    assert out["nvidia_driver_debian_mirror"] == "http://apt.site.example/debian"
+    assert resolved.apt["debian"].mirror == "http://apt.site.example/debian"
     assert resolved.apt["debian"].security == "https://mirrors.ustc.edu.cn/debian-security"
-    assert out["nvidia_driver_repo_url"] == "http://repo.site.example/cuda"
-    assert out["nvidia_driver_repo_key_url"] == "http://repo.site.example/cuda.pub"
-    assert out["gpu_env_pip_extra_index_urls"] == ["https://wheels.site.example/simple"]
-    assert out["gpu_env_pip_proxy"] == "http://proxy.site.example:3128"
-    assert out["cuda_toolkit_pip_extra_args"] == (
-        "--index-url https://pypi.site.example/simple --extra-index-url "
-        "https://wheels.site.example/simple --proxy http://proxy.site.example:3128 "
-        "--cert /etc/ssl/certs/ca-certificates.crt"
-    )
+    assert resolved.cuda_repo_url == "http://repo.site.example/cuda"
+    assert resolved.cuda_repo_key_url == "http://repo.site.example/cuda.pub"
+    assert resolved.pip_index_url == "https://pypi.site.example/simple"
+    assert resolved.pip_extra_index_urls == ("https://wheels.site.example/simple",)
+    assert resolved.https_proxy == "http://proxy.site.example:3128"
+    assert resolved.apt_proxy == "http://cache.site.example:3142"
+    assert resolved.pip_find_links == ("http://cache.site.example:8080/",)
+    # pip ignores a plain-HTTP wheel folder unless its host is trusted.
+    assert sources.plain_http_hosts(resolved) == ("cache.site.example",)
     assert resolved.notes == ()
 
 
@@ -96,6 +93,8 @@ def test_overrides_beat_the_preset():
         ("gpuenv_pip_index_url", "ftp://pypi.example/simple", "is not a URL"),
         ("gpuenv_pip_extra_index_url", {"a": 1}, "must be a URL or a list of URLs"),
         ("gpuenv_cuda_repo_url", 5, "must be a string"),
+        ("gpuenv_apt_proxy", "cache:3142", "is not a URL"),
+        ("gpuenv_pip_find_links", ["ftp://cache/wheels"], "is not a URL"),
     ],
 )
 def test_bad_values_name_the_variable(name, value, expected):
@@ -104,16 +103,38 @@ def test_bad_values_name_the_variable(name, value, expected):
     assert name in str(exc.value)
 
 
-def _role_defaults():
-    names = set()
-    for path in ROOT.glob("**/roles/*/defaults/main.yml"):
-        if ".venv" not in path.parts:
-            names |= set(yaml.safe_load(path.read_text()) or {})
-    return names
+def test_a_wheel_folder_on_the_node_is_a_file_url():
+    resolved = sources.resolve({"gpuenv_pip_find_links": ["file:///srv/wheels", ""]})
+    assert resolved.pip_find_links == ("file:///srv/wheels",)
+    with pytest.raises(BadInput, match="gpuenv_pip_find_links"):
+        sources.resolve({"gpuenv_pip_find_links": "file://host/srv/wheels"})
 
 
-def test_every_mapped_variable_is_a_real_role_variable():
-    defaults = _role_defaults()
-    assert defaults, "no role defaults found"
-    mapped = set(sources.role_vars(sources.resolve({})))
-    assert mapped <= defaults, mapped - defaults
+# Names shaped like a source variable (module and fact names such as gpuenv_files are not).
+_SOURCE_NAME = (
+    r"\bgpuenv_(?:sources_preset|apt_[a-z_]+|cuda_[a-z_]+|pip_[a-z_]+"
+    r"|https?_proxy|no_proxy|ca_bundle)\b"
+)
+
+
+def _role_texts():
+    for path in sorted((ROOT / "roles").glob("*/*/*.yml")):
+        yield path.read_text()
+
+
+def test_roles_read_exactly_the_documented_source_variables():
+    # The roles and gpuenv cloud-init agree on one set of names: every gpuenv_* source variable a
+    # role reads is one resolve() knows, and each one resolve() knows is read by some role
+    # (gpuenv_ca_bundle by roles/sources, the CUDA repository ones by nvidia_driver, ...).
+    known = {sources.PRESET_VAR, *sources.OVERRIDES}
+    read = set()
+    for text in _role_texts():
+        read |= set(re.findall(_SOURCE_NAME, text))
+    assert read - known == set(), "roles read source variables resolve() does not know"
+    assert known - read == set(), "resolve() knows source variables no role reads"
+
+
+def test_the_documentation_names_every_source_variable():
+    doc = (ROOT / "docs" / "sources.md").read_text()
+    for name in (sources.PRESET_VAR, *sources.OVERRIDES):
+        assert f"`{name}`" in doc, name

@@ -102,10 +102,12 @@ run() {
 }
 
 do_sources() {
-  if [ -n "${GPUENV_HTTP_PROXY:-}${GPUENV_HTTPS_PROXY:-}" ]; then
+  # apt's plain-HTTP proxy: the apt-only one (a site cache) first, as roles/sources writes it.
+  local apt_http=${GPUENV_APT_PROXY:-${GPUENV_HTTP_PROXY:-}}
+  if [ -n "$apt_http${GPUENV_HTTPS_PROXY:-}" ]; then
     mkdir -p "$root/etc/apt/apt.conf.d"
     {
-      [ -z "${GPUENV_HTTP_PROXY:-}" ] || printf 'Acquire::http::Proxy "%s";\n' "$GPUENV_HTTP_PROXY"
+      [ -z "$apt_http" ] || printf 'Acquire::http::Proxy "%s";\n' "$apt_http"
       [ -z "${GPUENV_HTTPS_PROXY:-}" ] || printf 'Acquire::https::Proxy "%s";\n' "$GPUENV_HTTPS_PROXY"
     } >"$root/etc/apt/apt.conf.d/90gpuenv-proxy"
     echo "apt proxy written to /etc/apt/apt.conf.d/90gpuenv-proxy"
@@ -204,7 +206,8 @@ do_converge() {
 do_check() {
   local rc=0
   rm -f "$check_report"
-  "$GPUENV_NODE_VENV/bin/gpuenv" check --node "$node" --json "$check_report" || rc=$?
+  "$GPUENV_NODE_VENV/bin/gpuenv" check --node "$node" --json "$check_report" \
+    --profile "${GPUENV_CHECK_PROFILE:-quick}" || rc=$?
   case "$rc" in
     0) verdict=pass ;;
     1) verdict=fail ;;
