@@ -87,6 +87,9 @@ def build_bundle(
     (output / "wheels").mkdir(exist_ok=True)
 
     progress.begin("tools", f"apt tools, gpg and build tools in the {plan.codename} container")
+    executor.run(
+        repo.write_argv("/etc/apt/sources.list.d/gpuenv-bundle-build.sources", plan.build_sources())
+    )
     executor.run(["apt-get", "update", "--quiet"])
     executor.run(
         ["apt-get", "install", "--quiet", "--yes", "--no-install-recommends", *BUILD_TOOLS]
@@ -95,6 +98,12 @@ def build_bundle(
 
     progress.begin("debs", f"dependency closure of {len(plan.debs)} packages")
     names = repo.parse_closure(executor.run(repo.closure_argv(plan.debs)))
+    missing = sorted(set(plan.debs) - set(names))
+    if missing:
+        raise GpuenvError(
+            f"not in the {plan.codename} archive the build container reads: {', '.join(missing)}"
+            f"\n(its source:\n{plan.build_sources()})"
+        )
     progress.update("debs", f"{len(names)} packages to download")
     executor.run(repo.download_argv(names), cwd=f"{MOUNT}/apt/pool")
     progress.end("debs", f"{len(names)} packages")
@@ -106,6 +115,7 @@ def build_bundle(
         (apt_dir / name).write_bytes(content)
     when = now or datetime.now(UTC)
     (apt_dir / "Release").write_text(repo.release_text(index, repo.Suite(plan.codename), when))
+    executor.run(["install", "-d", "-m", "0700", repo.GNUPGHOME])
     executor.run(repo.keygen_argv())
     fingerprint = repo.parse_fingerprint(executor.run(repo.fingerprint_argv()))
     executor.run(repo.export_key_argv(f"{MOUNT}/{repo.KEY_FILE}"))
@@ -166,9 +176,7 @@ def _verify_apt(executor: Executor, plan: Plan) -> None:
     """apt with the bundle as its only source: the signature checks and every package resolves."""
     work = "/tmp/gpuenv-bundle-verify"
     executor.run(["mkdir", "-p", f"{work}/lists/partial", f"{work}/parts"])
-    executor.run(
-        ["sh", "-c", f"printf '%s' '{verify_sources(f'{MOUNT}/{repo.KEY_FILE}')}' > {work}/list"]
-    )
+    executor.run(repo.write_argv(f"{work}/list", verify_sources(f"{MOUNT}/{repo.KEY_FILE}")))
     opts = [
         "-o",
         f"Dir::Etc::SourceList={work}/list",

@@ -28,6 +28,20 @@ DISTROS: dict[str, tuple[str, str, str, str]] = {
     "ubuntu-24.04": ("Ubuntu", "24", "noble", "cp312"),
 }
 DRIVER_MODES = ("userspace", "full", "both")
+# The archive a node installs from once the roles ran: for Debian, the distribution's base entry
+# plus the one the apt_pin role adds (contrib, non-free); Ubuntu images enable all four components.
+ARCHIVES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "Debian": (
+        "http://deb.debian.org/debian",
+        ("{codename}", "{codename}-updates"),
+        ("main", "contrib", "non-free", "non-free-firmware"),
+    ),
+    "Ubuntu": (
+        "http://archive.ubuntu.com/ubuntu",
+        ("{codename}", "{codename}-updates", "{codename}-security"),
+        ("main", "restricted", "universe", "multiverse"),
+    ),
+}
 # Debian package names; a wrong one would fail deep inside apt, so refuse it here.
 _DEB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 # pip requirement: a project name, optionally extras and a version specifier.
@@ -51,6 +65,17 @@ class Plan:
     # Where each deb entry came from, for the manifest (package -> role).
     origins: dict[str, str] = field(default_factory=dict)
     with_gpuenv: bool = True
+    mirror: str = ""
+
+    def build_sources(self) -> str:
+        """The deb822 entry the build container downloads from (the nodes' archive)."""
+        mirror, suites, components = ARCHIVES[self.os]
+        keyring = f"/usr/share/keyrings/{self.os.lower()}-archive-keyring.gpg"
+        return (
+            f"Types: deb\nURIs: {self.mirror or mirror}\n"
+            f"Suites: {' '.join(s.format(codename=self.codename) for s in suites)}\n"
+            f"Components: {' '.join(components)}\nSigned-By: {keyring}\n"
+        )
 
 
 def pins_names(root: Path = ROOT) -> list[str]:
@@ -224,6 +249,7 @@ def plan_bundle(
         node_specific=tuple(node_specific),
         origins=dict(sorted(debs.items())),
         with_gpuenv=with_gpuenv,
+        mirror=str(pins.get("nvidia_driver_debian_mirror", "")) if os_name == "Debian" else "",
     )
 
 

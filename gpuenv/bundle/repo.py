@@ -91,13 +91,20 @@ def gzip_bytes(content: bytes) -> bytes:
     return gzip.compress(content, compresslevel=9, mtime=0)
 
 
+def write_argv(path: str, content: str) -> list[str]:
+    """Write a file in the container (the content passed as an argument, never parsed by sh)."""
+    return ["sh", "-c", 'printf "%s" "$1" > "$0"', path, content]
+
+
 def keygen_argv() -> list[str]:
-    """A signing-only key with no passphrase, in a throwaway GNUPGHOME."""
+    """A signing-only key with no passphrase, in a throwaway GNUPGHOME (made 0700 first)."""
     return [
         "gpg",
         "--batch",
         "--homedir",
         GNUPGHOME,
+        "--pinentry-mode",
+        "loopback",
         "--passphrase",
         "",
         "--quick-gen-key",

@@ -17,8 +17,11 @@ role pointed at the bundle (apt's only source, trusted through the bundle's key)
 wheels with no index.
 
 What proves that no other host was contacted:
-- before the run: the network is internal and holds only the nodes and the server; each node has
-  no default route and no address outside that network;
+- before the run: the network is internal (docker forwards nothing from it to any other
+  interface) and holds only the nodes and the server; each node has one address, on that network,
+  routes through nothing but that network's gateway (the host's side of the bridge, which does
+  not forward), cannot resolve deb.debian.org and cannot connect to the addresses of
+  deb.debian.org and pypi.org (resolved on the controller) on port 80 or 443;
 - after the run: apt on each node lists only the bundle's index files, the venv's pip has
   no-index, and the server's access log shows every node fetched the signed index, .deb files
   and wheels, each request answered 200 (a 404 would mean a node wanted something the bundle
@@ -28,6 +31,7 @@ What proves that no other host was contacted:
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -42,13 +46,45 @@ pytestmark = pytest.mark.skipif(
 )
 LAB = "hbair"
 PORT = 8080
+# Run on a node: can it resolve a public name, and connect to each address given (port 80/443)?
+_PROBE = """
+import socket, sys
+try:
+    socket.getaddrinfo("deb.debian.org", 80)
+    print("resolved")
+except OSError:
+    print("closed")
+for address in sys.argv[1:]:
+    for port in (80, 443):
+        try:
+            socket.create_connection((address, port), timeout=3).close()
+            print("open", address, port)
+            break
+        except OSError:
+            pass
+    else:
+        print("closed")
+"""
+
+
+def _outside_addresses() -> list[str]:
+    """The archive's and PyPI's addresses, resolved on the controller (which reaches them)."""
+    import socket
+
+    found = []
+    for name in ("deb.debian.org", "pypi.org"):
+        try:
+            found.append(socket.getaddrinfo(name, 80, socket.AF_INET)[0][4][0])
+        except OSError:
+            continue
+    return found
 
 
 def test_lab_converges_from_the_bundle_alone() -> None:
     import docker
 
     from gpuenv.lab.cluster import network_name
-    from gpuenv.lab.settings import LABEL_LAB, LABEL_OWNER, Names
+    from gpuenv.lab.settings import LABEL_LAB, LABEL_OWNER, LabPaths, Names
 
     bundle = Path(BUNDLE).resolve()
     manifest = yaml.safe_load((bundle / "bundle.json").read_text())
@@ -100,20 +136,24 @@ def test_lab_converges_from_the_bundle_alone() -> None:
                 f"--no-index --find-links {url}wheels/ --trusted-host {server_name}"
             ),
         }
-        (paths.inventory_dir / "group_vars" / "all" / "offline.yml").write_text(
-            "---\n" + yaml.safe_dump(offline_vars, sort_keys=False)
-        )
+        offline_file = paths.inventory_dir / "group_vars" / "all" / "offline.yml"
+        offline_file.write_text("---\n" + yaml.safe_dump(offline_vars, sort_keys=False))
 
         # No way out before the run: an internal network holding only the nodes and the server.
         network.reload()
         assert network.attrs["Internal"] is True
         members = {c["Name"] for c in network.attrs["Containers"].values()}
         assert members == {*addresses, server_name}, members
+        outside = _outside_addresses()
+        gateway = network.attrs["IPAM"]["Config"][0]["Gateway"]
         for node in nodes:
             routes = node.exec_run(["ip", "-4", "route"]).output.decode()
-            assert "default" not in routes, f"{node.name} has a default route:\n{routes}"
+            vias = set(re.findall(r"via (\S+)", routes))
+            assert vias <= {gateway}, f"{node.name} routes through {vias}:\n{routes}"
             addrs = node.exec_run(["ip", "-o", "-4", "addr", "show", "scope", "global"])
             assert addrs.output.decode().count("inet ") == 1, addrs.output.decode()
+            probe = node.exec_run(["python3", "-c", _PROBE, *outside]).output.decode()
+            assert probe.split() == ["closed"] * (len(outside) + 1), probe
 
         started = time.monotonic()
         run = subprocess.run(
@@ -150,6 +190,9 @@ def test_lab_converges_from_the_bundle_alone() -> None:
         wheels = sum(a.path.endswith(".whl") for a in log)
         print(f"bundle server ({server_ip}): {len(log)} requests, {debs} .deb, {wheels} wheels")
     finally:
+        (LabPaths(ROOT, LAB).inventory_dir / "group_vars" / "all" / "offline.yml").unlink(
+            missing_ok=True
+        )
         down = gpuenv("lab", "down", "--name", LAB)
         if server is not None:
             server.remove(force=True)

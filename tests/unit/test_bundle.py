@@ -117,9 +117,10 @@ def test_signing_commands_use_the_throwaway_keyring() -> None:
 class FakeContainer:
     """Stands for the build container: answers commands and writes what apt/pip would."""
 
-    def __init__(self, output: Path, fail_on: str = "") -> None:
+    def __init__(self, output: Path, fail_on: str = "", unknown: str = "") -> None:
         self.output = output
         self.fail_on = fail_on
+        self.unknown = unknown  # a package the archive does not have
         self.calls: list[tuple[list[str], str]] = []
 
     def run(self, argv: Sequence[str], *, cwd: str = "/") -> str:
@@ -129,7 +130,8 @@ class FakeContainer:
             raise GpuenvError(f"{self.fail_on} failed")
         host = Path(str(self.output) + cwd[len(MOUNT) :]) if cwd.startswith(MOUNT) else None
         if argv[:2] == ["apt-cache", "depends"]:
-            return "openmpi-bin\n  Depends: libc6\nlibc6\n<debconf-2.0>\n"
+            asked = [a for a in argv[2:] if not a.startswith("--") and a != self.unknown]
+            return "".join(f"{a}\n  Depends: libc6\n" for a in asked) + "libc6\n<debconf-2.0>\n"
         if argv[:2] == ["apt-get", "download"]:
             assert host is not None
             for name in argv[3:]:
@@ -154,17 +156,19 @@ def test_build_writes_a_signed_repository_wheels_and_manifest(tmp_path: Path) ->
     when = datetime(2026, 12, 1, tzinfo=UTC)
     manifest = build_bundle(plan, out, fake, Recorder(), now=when)
 
-    assert sorted(p.name for p in (out / "apt" / "pool").iterdir()) == [
-        "libc6_1_amd64.deb",
-        "openmpi-bin_1_amd64.deb",
-    ]
+    pool = sorted(p.name for p in (out / "apt" / "pool").iterdir())
+    assert pool == sorted(f"{n}_1_amd64.deb" for n in {*plan.debs, "libc6"})
     release = (out / "apt" / "Release").read_text()
     assert hashlib.sha256((out / "apt" / "Packages").read_bytes()).hexdigest() in release
-    assert manifest.key_fingerprint == FPR and manifest.deb_bytes == 20
+    assert manifest.key_fingerprint == FPR and manifest.deb_bytes == 10 * len(pool)
     data = json.loads((out / "bundle.json").read_text())
     assert data["kind"] == "gpuenv.bundle" and data["pins"] == "debian-12"
     assert data["wheels"] == ["numpy-2.0-cp311-cp311-linux_x86_64.whl"]
     argvs = [argv for argv, _ in fake.calls]
+    # The container downloads from the archive the roles enable (contrib, non-free).
+    sources = next(a for a in argvs if a[0] == "sh" and a[3].endswith("build.sources"))
+    assert "Components: main contrib non-free non-free-firmware" in sources[4]
+    assert "Suites: bookworm bookworm-updates" in sources[4]
     # The key is made before signing, and signing comes after the Release file exists.
     keygen = argvs.index(repo.keygen_argv())
     assert argvs.index(repo.sign_argvs(f"{MOUNT}/apt/Release")[0]) > keygen
@@ -182,6 +186,15 @@ def test_build_stops_when_a_step_fails(tmp_path: Path) -> None:
     with pytest.raises(GpuenvError, match="--clearsign failed"):
         build_bundle(plan, out, FakeContainer(out, fail_on="--clearsign"), Recorder())
     assert not (out / "bundle.json").exists()
+
+
+def test_build_stops_when_the_archive_lacks_a_package(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    plan = plan_bundle("debian-13", with_gpuenv=False)
+    fake = FakeContainer(out, unknown="libnccl2")
+    with pytest.raises(GpuenvError, match=r"not in the trixie archive .*: libnccl2"):
+        build_bundle(plan, out, fake, Recorder())
+    assert not any(a[:2] == ["apt-get", "download"] for a, _ in fake.calls)
 
 
 def test_output_must_be_new_or_empty_with_an_existing_parent(tmp_path: Path) -> None:
