@@ -31,6 +31,8 @@ from gpuenv.progress import Progress
 
 # Where the output folder is mounted in the build container.
 MOUNT = "/bundle"
+# Where a controller folder of wheels (--find-links) is mounted, read-only.
+FIND_LINKS_MOUNT = "/find-links"
 # What the build container needs besides the packages themselves: the repository tools, gpg, and
 # what building the wheels needs (mpi4py compiles against the distribution's Open MPI).
 BUILD_TOOLS = ("apt-utils", "gnupg", "python3-venv", "python3-dev", "gcc", "libopenmpi-dev")
@@ -80,6 +82,7 @@ def build_bundle(
     *,
     now: datetime | None = None,
     root: Path = ROOT,
+    find_links: bool = False,
 ) -> Manifest:
     """Fill ``output`` (mounted at MOUNT in the executor's container) with the bundle."""
     apt_dir = output / "apt"
@@ -140,6 +143,7 @@ def build_bundle(
             "--disable-pip-version-check",
             "--wheel-dir",
             f"{MOUNT}/wheels",
+            *(["--find-links", FIND_LINKS_MOUNT] if find_links else []),
             *wanted,
         ]
     )

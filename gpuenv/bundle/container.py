@@ -62,18 +62,25 @@ def check_image(client: docker.DockerClient, image: str) -> None:
 
 @contextlib.contextmanager
 def build_container(
-    client: docker.DockerClient, image: str, output: Path, network: str | None
+    client: docker.DockerClient,
+    image: str,
+    output: Path,
+    network: str | None,
+    find_links: Path | None = None,
 ) -> Iterator[DockerExecutor]:
     """A container of ``image`` with ``output`` at /bundle, removed on the way out."""
-    from gpuenv.bundle.build import MOUNT
+    from gpuenv.bundle.build import FIND_LINKS_MOUNT, MOUNT
 
+    volumes = {str(output): {"bind": MOUNT, "mode": "rw"}}
+    if find_links is not None:
+        volumes[str(find_links)] = {"bind": FIND_LINKS_MOUNT, "mode": "ro"}
     container = client.containers.run(
         image,
         command=["sleep", "infinity"],
         detach=True,
         init=True,
         network=network,
-        volumes={str(output): {"bind": MOUNT, "mode": "rw"}},
+        volumes=volumes,
         labels={"gpuenv.owner": "bundle"},
     )
     try:

@@ -51,6 +51,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--torch", default="", metavar="REQ", help="add PyTorch (e.g. torch==2.13.0)")
     p.add_argument(
+        "--find-links",
+        metavar="DIR",
+        help="a folder of wheels pip may take from besides the index (e.g. a CPU build of torch)",
+    )
+    p.add_argument(
         "--cpu-only",
         action="store_true",
         help="leave out what only GPU nodes install (nvidia-ml-py, CuPy)",
@@ -78,6 +83,9 @@ def handler(args: argparse.Namespace) -> int:
         with_gpuenv=not args.no_gpuenv,
     )
     output = validate_output(Path(args.output))
+    find_links = Path(args.find_links).resolve() if args.find_links else None
+    if find_links is not None and not find_links.is_dir():
+        raise BadInput(f"--find-links {args.find_links} is not a folder")
     if args.plan:
         json.dump(asdict(plan), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -92,8 +100,11 @@ def handler(args: argparse.Namespace) -> int:
     if args.network:
         _check_network(client, args.network)
     output.mkdir(exist_ok=True)
-    with Steps() as steps, build_container(client, image, output, args.network) as executor:
-        manifest = build_bundle(plan, output, executor, steps)
+    with (
+        Steps() as steps,
+        build_container(client, image, output, args.network, find_links) as executor,
+    ):
+        manifest = build_bundle(plan, output, executor, steps, find_links=find_links is not None)
     print(
         f"gpuenv bundle: {manifest.pins} ({manifest.distribution}): {len(manifest.debs)} .deb "
         f"({manifest.deb_bytes / 1e6:.0f} MB), {len(manifest.wheels)} wheels "

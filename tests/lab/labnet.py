@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 import subprocess
 import sys
@@ -28,11 +29,13 @@ class Access:
 
 
 def parse_access_log(text: str) -> list[Access]:
+    """Requests in the log, paths normalised (apt asks a flat repository for /apt/./InRelease)."""
     found = []
     for line in text.splitlines():
         m = _ACCESS_RE.match(line)
         if m:
-            found.append(Access(m.group(1), m.group(2), m.group(3), int(m.group(4))))
+            path = posixpath.normpath(m.group(3))
+            found.append(Access(m.group(1), m.group(2), path, int(m.group(4))))
     return found
 
 

@@ -154,7 +154,7 @@ def test_build_writes_a_signed_repository_wheels_and_manifest(tmp_path: Path) ->
     plan = plan_bundle("debian-12", driver_mode="userspace", gpu_wheels=False, with_gpuenv=False)
     fake = FakeContainer(out)
     when = datetime(2026, 12, 1, tzinfo=UTC)
-    manifest = build_bundle(plan, out, fake, Recorder(), now=when)
+    manifest = build_bundle(plan, out, fake, Recorder(), now=when, find_links=True)
 
     pool = sorted(p.name for p in (out / "apt" / "pool").iterdir())
     assert pool == sorted(f"{n}_1_amd64.deb" for n in {*plan.debs, "libc6"})
@@ -172,6 +172,8 @@ def test_build_writes_a_signed_repository_wheels_and_manifest(tmp_path: Path) ->
     # The key is made before signing, and signing comes after the Release file exists.
     keygen = argvs.index(repo.keygen_argv())
     assert argvs.index(repo.sign_argvs(f"{MOUNT}/apt/Release")[0]) > keygen
+    wheel = next(a for a in argvs if len(a) > 1 and a[1] == "wheel")
+    assert wheel[wheel.index("--find-links") + 1] == "/find-links"
     # apt is checked with the bundle as its only source and no installed state to lean on.
     simulate = next(a for a in argvs if "--simulate" in a)
     assert "Dir::State::status=/dev/null" in simulate
@@ -224,6 +226,12 @@ def test_cli_plan_prints_json_without_docker(
     plan = json.loads(capsys.readouterr().out)
     assert plan["codename"] == "trixie" and "libnccl2" in plan["debs"]
     assert not (tmp_path / "b").exists()
+
+
+def test_find_links_must_be_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bundle", "--pins", "debian-12", "-o", str(tmp_path / "b")]
+    assert main([*args, "--find-links", str(tmp_path / "nowhere")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
 
 
 def test_ubuntu_needs_an_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
