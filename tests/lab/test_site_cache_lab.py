@@ -103,12 +103,13 @@ def test_first_converge_fetches_each_package_once() -> None:
             ),
         }
         extra_vars.write_text("---\n" + yaml.safe_dump(site_vars, sort_keys=False))
+        playbook = ["ansible-playbook", "site.yml", "-i", str(paths.hosts_file), "-i",
+                    str(extra_inventory)]  # fmt: skip
+        env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
         started = time.monotonic()
         run = subprocess.run(
-            ["ansible-playbook", "site.yml", "-i", str(paths.hosts_file), "-i",
-             str(extra_inventory), "--skip-tags", "validate"],
-            cwd=ROOT, capture_output=True, text=True, check=False,
-            env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+            [*playbook, "--skip-tags", "validate"],
+            cwd=ROOT, capture_output=True, text=True, check=False, env=env,
         )  # fmt: skip
         elapsed = time.monotonic() - started
         (ROOT / ".cache" / "site-cache-lab.log").write_text(run.stdout + run.stderr)
@@ -131,6 +132,14 @@ def test_first_converge_fetches_each_package_once() -> None:
             + ", ".join(f"{ip} {b / 2**20:.1f} MiB" for ip, b in sorted(sent.items()))
             + f"; ratio fetched / node2's set = {fetched / max(one_node, 1):.3f}"
         )
+        # The stage again, then in check mode: nothing to change on a converged site.
+        for extra in ([], ["--check"]):
+            again = subprocess.run(
+                [*playbook, "--tags", "site_cache", *extra],
+                cwd=ROOT, capture_output=True, text=True, check=False, env=env,
+            )  # fmt: skip
+            recap = again.stdout[again.stdout.rfind("PLAY RECAP") :]
+            assert again.returncode == 0 and recap.count("changed=0") == 3, recap
         assert set(sent) == set(address.values()), sent
         assert one_node > 100 * 2**20, "node2 got less than 100 MiB: the stack was not installed"
         assert served >= 2.5 * one_node
