@@ -173,7 +173,8 @@ def plan_bundle(
         for raw in names:
             name = render.name(str(raw))
             if name is None:
-                node_specific.append(f"{raw} ({role})")
+                shown = re.sub(r"\{\{\s*(.*?)\s*\}\}", r"<\1>", str(raw))
+                node_specific.append(f"{shown} ({role})")
             else:
                 debs.setdefault(name, role)
 

@@ -111,7 +111,11 @@ def handler(args: argparse.Namespace) -> int:
         f"({manifest.wheel_bytes / 1e6:.0f} MB) in {output}; key {manifest.key_fingerprint}"
     )
     for entry in manifest.node_specific:
-        print(f"gpuenv bundle: note: not included, depends on the node: {entry}", file=sys.stderr)
+        print(
+            f"gpuenv bundle: note: not included, depends on the node: {entry}; "
+            "add it by name with --deb",
+            file=sys.stderr,
+        )
     return 0
 
 
