@@ -1,0 +1,238 @@
+"""Build an offline bundle: run the plan's steps in a container of the target distribution.
+
+The engine only sees an ``Executor`` (run a command in the build container, get its output) and
+the output folder, so the unit tests hand it a fake; gpuenv.bundle.container runs it in docker.
+
+Layout of the output folder (serve it as is over HTTP; docs/sources.md, "Offline bundle"):
+
+    apt/pool/*.deb            every package of the closure
+    apt/Packages(.gz)         the index
+    apt/Release, InRelease, Release.gpg
+    wheels/*.whl              the Python packages, built for the distribution's Python
+    gpuenv-bundle.asc         the public key nodes trust for this repository (signed-by)
+    bundle.json               what was asked, what is inside, the key's fingerprint
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from gpuenv.bundle import repo
+from gpuenv.bundle.plan import ROOT, Plan
+from gpuenv.errors import BadInput, GpuenvError
+from gpuenv.progress import Progress
+
+# Where the output folder is mounted in the build container.
+MOUNT = "/bundle"
+# Where a controller folder of wheels (--find-links) is mounted, read-only.
+FIND_LINKS_MOUNT = "/find-links"
+# What the build container needs besides the packages themselves: the repository tools, gpg, and
+# what building the wheels needs (mpi4py compiles against the distribution's Open MPI).
+BUILD_TOOLS = ("apt-utils", "gnupg", "python3-venv", "python3-dev", "gcc", "libopenmpi-dev")
+MANIFEST_VERSION = 1
+
+
+class Executor(Protocol):
+    def run(self, argv: Sequence[str], *, cwd: str = "/") -> str:
+        """Run argv in the build container; return stdout, raise GpuenvError on failure."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    kind: str
+    schema_version: int
+    pins: str
+    pins_vars: dict[str, object]
+    distribution: str
+    codename: str
+    requested_debs: list[str]
+    node_specific: list[str]
+    debs: list[str]
+    deb_bytes: int
+    wheels_requested: list[str]
+    wheels: list[str]
+    wheel_bytes: int
+    key_fingerprint: str
+    created_at: str
+
+
+def validate_output(output: Path) -> Path:
+    """The output folder: its parent exists, and it is new or empty (nothing is overwritten)."""
+    output = output.expanduser()
+    parent = output.resolve().parent
+    if not parent.is_dir():
+        raise BadInput(f"the output folder's parent {parent} does not exist")
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise BadInput(f"the output {output} exists and is not an empty folder")
+    return output.resolve()
+
+
+def build_bundle(
+    plan: Plan,
+    output: Path,
+    executor: Executor,
+    progress: Progress,
+    *,
+    now: datetime | None = None,
+    root: Path = ROOT,
+    find_links: bool = False,
+) -> Manifest:
+    """Fill ``output`` (mounted at MOUNT in the executor's container) with the bundle."""
+    apt_dir = output / "apt"
+    (apt_dir / "pool").mkdir(parents=True, exist_ok=True)
+    (output / "wheels").mkdir(exist_ok=True)
+
+    progress.begin("tools", f"apt tools, gpg and build tools in the {plan.codename} container")
+    executor.run(
+        repo.write_argv("/etc/apt/sources.list.d/gpuenv-bundle-build.sources", plan.build_sources())
+    )
+    executor.run(["apt-get", "update", "--quiet"])
+    executor.run(
+        ["apt-get", "install", "--quiet", "--yes", "--no-install-recommends", *BUILD_TOOLS]
+    )
+    progress.end("tools")
+
+    progress.begin("debs", f"dependency closure of {len(plan.debs)} packages")
+    names = repo.parse_closure(executor.run(repo.closure_argv(plan.debs)))
+    missing = sorted(set(plan.debs) - set(names))
+    if missing:
+        raise GpuenvError(
+            f"not in the {plan.codename} archive the build container reads: {', '.join(missing)}"
+            f"\n(its source:\n{plan.build_sources()})"
+        )
+    progress.update("debs", f"{len(names)} packages to download")
+    executor.run(repo.download_argv(names), cwd=f"{MOUNT}/apt/pool")
+    progress.end("debs", f"{len(names)} packages")
+
+    progress.begin("index", "Packages, Release, key and signatures")
+    packages = executor.run(["apt-ftparchive", "packages", "pool"], cwd=f"{MOUNT}/apt").encode()
+    index = {"Packages": packages, "Packages.gz": repo.gzip_bytes(packages)}
+    for name, content in index.items():
+        (apt_dir / name).write_bytes(content)
+    when = now or datetime.now(UTC)
+    (apt_dir / "Release").write_text(repo.release_text(index, repo.Suite(plan.codename), when))
+    executor.run(["install", "-d", "-m", "0700", repo.GNUPGHOME])
+    executor.run(repo.keygen_argv())
+    fingerprint = repo.parse_fingerprint(executor.run(repo.fingerprint_argv()))
+    executor.run(repo.export_key_argv(f"{MOUNT}/{repo.KEY_FILE}"))
+    for argv in repo.sign_argvs(f"{MOUNT}/apt/Release"):
+        executor.run(argv)
+    progress.end("index", f"signed by {fingerprint}")
+
+    progress.begin("verify", "apt reads the bundle alone and resolves every package")
+    _verify_apt(executor, plan)
+    progress.end("verify")
+
+    progress.begin("wheels", f"wheels for {plan.python_tag}: {', '.join(plan.wheels)}")
+    wanted = list(plan.wheels)
+    if plan.with_gpuenv:
+        wanted.append(f"{MOUNT}/wheels/{_gpuenv_wheel(root, output / 'wheels')}")
+    executor.run(["python3", "-m", "venv", "/tmp/gpuenv-wheels"])
+    executor.run(
+        [
+            "/tmp/gpuenv-wheels/bin/pip",
+            "wheel",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--wheel-dir",
+            f"{MOUNT}/wheels",
+            *(["--find-links", FIND_LINKS_MOUNT] if find_links else []),
+            *wanted,
+        ]
+    )
+    wheels = sorted(p.name for p in (output / "wheels").glob("*.whl"))
+    progress.end("wheels", f"{len(wheels)} wheels")
+
+    debs = sorted(p.name for p in (apt_dir / "pool").glob("*.deb"))
+    manifest = Manifest(
+        kind="gpuenv.bundle",
+        schema_version=MANIFEST_VERSION,
+        pins=plan.pins_name,
+        pins_vars=plan.pins,
+        distribution=f"{plan.os} {plan.major}",
+        codename=plan.codename,
+        requested_debs=list(plan.debs),
+        node_specific=list(plan.node_specific),
+        debs=debs,
+        deb_bytes=sum((apt_dir / "pool" / d).stat().st_size for d in debs),
+        wheels_requested=list(plan.wheels),
+        wheels=wheels,
+        wheel_bytes=sum((output / "wheels" / w).stat().st_size for w in wheels),
+        key_fingerprint=fingerprint,
+        created_at=when.isoformat(timespec="seconds"),
+    )
+    (output / "bundle.json").write_text(json.dumps(asdict(manifest), indent=2) + "\n")
+    return manifest
+
+
+def verify_sources(key: str) -> str:
+    return f"deb [signed-by={key}] file:{MOUNT}/apt ./\n"
+
+
+def _verify_apt(executor: Executor, plan: Plan) -> None:
+    """apt with the bundle as its only source: the signature checks and every package resolves."""
+    work = "/tmp/gpuenv-bundle-verify"
+    executor.run(["mkdir", "-p", f"{work}/lists/partial", f"{work}/parts"])
+    executor.run(repo.write_argv(f"{work}/list", verify_sources(f"{MOUNT}/{repo.KEY_FILE}")))
+    opts = [
+        "-o",
+        f"Dir::Etc::SourceList={work}/list",
+        "-o",
+        f"Dir::Etc::SourceParts={work}/parts",
+        "-o",
+        f"Dir::State::Lists={work}/lists",
+        "-o",
+        "APT::Get::List-Cleanup=0",
+    ]
+    out = executor.run(["apt-get", "update", "--quiet", "--error-on=any", *opts])
+    if "InRelease" not in out:
+        raise GpuenvError(f"apt did not read the bundle's InRelease:\n{out}")
+    # --simulate with no installed state to lean on: every package and its dependencies resolve.
+    executor.run(
+        [
+            "apt-get",
+            "install",
+            "--simulate",
+            "--quiet",
+            "--no-install-recommends",
+            *opts,
+            "-o",
+            "Dir::State::status=/dev/null",
+            *plan.debs,
+        ]
+    )
+
+
+def _gpuenv_wheel(root: Path, dest: Path) -> str:
+    """gpuenv's own wheel from the checkout, built on the controller as the gpu_env role does."""
+    before = set(dest.glob("gpuenv-*.whl"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(dest),
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise GpuenvError(f"building gpuenv's wheel from {root} failed:\n{proc.stderr[-2000:]}")
+    built = sorted(set(dest.glob("gpuenv-*.whl")) - before) or sorted(dest.glob("gpuenv-*.whl"))
+    if not built:
+        raise GpuenvError(f"pip wheel {root} left no gpuenv wheel in {dest}")
+    return built[-1].name
