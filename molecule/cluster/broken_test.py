@@ -6,8 +6,7 @@ hand with the same environment molecule sets:
     python molecule/cluster/broken_test.py --nodes cl-node1 cl-node2 cl-node3
 
 The controller reaches the nodes over SSH as the lab image's admin user (root may not log in) with
-a key made for this run, their host keys read through docker (a channel the test trusts) into a
-known_hosts file of its own. Then:
+a key made for this run, their host keys read through docker (sshinv.py). Then:
 
 - cl-node2 loses mpi4py from the cluster venv;
 - cl-node3 shows an NVIDIA GPU on its PCI bus (a sysfs fixture read through GPUENV_ROOT) that no
@@ -28,10 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import docker
+from sshinv import inventory, on
 
 VENV = "/opt/gpuenv"
-ADMIN = "admin"  # the lab image's sudo user (gpuenv/lab/recipe.py)
 FIXTURE = "/opt/gpuenv-fixture"
 GPU_ADDRESS = "0000:17:00.0"
 DEADLINE_S = 240
@@ -45,56 +43,6 @@ def check(cond: bool, what: str, evidence: object = "") -> None:
     if not cond:
         raise SystemExit(f"broken_test: FAIL: {what}\n{evidence}")
     log(f"ok: {what}")
-
-
-def on(name: str, *cmd: str) -> str:
-    done = subprocess.run(["docker", "exec", name, *cmd], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"broken_test: docker exec {name} {cmd} failed: {done.stderr.strip()}")
-    return done.stdout
-
-
-def address(client: docker.DockerClient, name: str) -> str:
-    networks = client.containers.get(name).attrs["NetworkSettings"]["Networks"]
-    return next(n["IPAddress"] for n in networks.values() if n.get("IPAddress"))
-
-
-def inventory(tmp: Path, nodes: list[str], user: str) -> Path:
-    """An SSH inventory of the nodes: the admin user with a fresh key, host keys through docker."""
-    client = docker.from_env()
-    key = tmp / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    public = (tmp / "id_ed25519.pub").read_text().strip()
-    known = []
-    hosts: dict[str, dict[str, object]] = {}
-    for name in nodes:
-        ip = address(client, name)
-        home = f"/home/{ADMIN}/.ssh"
-        keys = f"{home}/authorized_keys"
-        on(name, "sh", "-c", f"mkdir -p {home} && echo '{public}' >>{keys}"
-                             f" && chown -R {ADMIN}: {home} && chmod 600 {keys}")  # fmt: skip
-        for line in on(name, "sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub").splitlines():
-            if line.strip():
-                known.append(f"{ip} {' '.join(line.split()[:2])}")
-        # Nodes reach each other by container name, as the mpi role's hostfile lists them.
-        hosts[name] = {"ansible_host": ip, "gpuenv_cluster_address": name}
-    (tmp / "known_hosts").write_text("\n".join(known) + "\n")
-    hosts[nodes[-1]]["gpuenv_cluster_env"] = {"GPUENV_ROOT": FIXTURE}
-    hosts["ghost"] = {"ansible_host": "ghost.invalid"}
-    inv = {
-        "all": {
-            "vars": {
-                "ansible_user": ADMIN,
-                "ansible_ssh_private_key_file": str(key),
-                "ansible_ssh_common_args": f"-o UserKnownHostsFile={tmp / 'known_hosts'}",
-                "gpuenv_cluster_user": user,
-            },
-            "hosts": hosts,
-        }
-    }
-    path = tmp / "hosts.yml"
-    path.write_text(json.dumps(inv))  # JSON is YAML
-    return path
 
 
 def break_nodes(nodes: list[str]) -> None:
@@ -111,7 +59,11 @@ def main() -> int:
     args = parser.parse_args()
     nodes: list[str] = args.nodes
     with tempfile.TemporaryDirectory(prefix="gpuenv-broken-") as tmp:
-        inv = inventory(Path(tmp), nodes, args.user)
+        faults = {
+            nodes[-1]: {"gpuenv_cluster_env": {"GPUENV_ROOT": FIXTURE}},
+            "ghost": {"ansible_host": "ghost.invalid"},
+        }
+        inv = inventory(Path(tmp), nodes, args.user, faults)
         break_nodes(nodes)
         log(f"faults: no mpi4py on {nodes[1]}, a PCI GPU without driver on {nodes[2]}, ghost")
         began = time.monotonic()
