@@ -196,18 +196,11 @@ def early_node(ctx: Context) -> NodeInfo | None:
         buses = sorted(p.name for p in listed.iterdir()) if listed.is_dir() else []
     except OSError:
         return None
-    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
-    indices = list(range(len(buses)))
-    if spec is not None:
-        items = [s.strip() for s in spec.split(",")]
-        if not all(i.isdigit() or not i for i in items):
-            return None
-        indices = []
-        for item in items:
-            if not item or int(item) >= len(buses):
-                break  # CUDA stops at the first invalid entry
-            indices.append(int(item))
-    gpus = [{"index": i, "pci_bus_id": normal_bus_id(buses[i])} for i in indices]
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES") or ""
+    if not all(item.strip().isdigit() or not item.strip() for item in spec.split(",")):
+        return None
+    listed_gpus = [{"index": i, "pci_bus_id": normal_bus_id(b)} for i, b in enumerate(buses)]
+    gpus = visible(listed_gpus)
     return NodeInfo(gpus=gpus, no_gpu=None if gpus else "no NVIDIA GPU listed by the driver")
 
 
