@@ -1,0 +1,196 @@
+"""Helpers of the opt-in lab tests that boot a lab node through cloud-init with gpuenv's user data.
+
+The node gets Debian's cloud-init and a NoCloud seed (/var/lib/cloud/seed/nocloud) holding the
+rendered user data; cloud-init's stages are then started by hand, as a booting instance would
+run them. The project reaches the node as a `git archive` tarball served by the lab's cache
+container (http://apt-cache:8080/bootstrap/), apt goes through the lab's apt cache, PyPI through
+the controller's proxy (the node image trusts its CA). Nothing leaves the lab's network:
+cloud-init looks at the NoCloud seed only, and its network, hostname, apt-sources and host-key
+modules are told to leave the container alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuenv.lab.cluster import ssh_argv
+from gpuenv.lab.settings import WHEELHOUSE_URL, wheelhouse_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCH = "torch==2.13.0"  # the CPU build constraints.txt pins, which lies on the controller
+# Test-harness settings for cloud-init (not user data): the NoCloud seed only, and hands off
+# what a container must keep (its network, hostname, apt sources and the host keys the lab's
+# known_hosts holds).
+CLOUD_CFG = """\
+datasource_list: [NoCloud, None]
+network: {config: disabled}
+preserve_hostname: true
+manage_etc_hosts: false
+ssh_deletekeys: false
+apt:
+  preserve_sources_list: true
+"""
+# Each stage whatever the one before returned, as systemd starts them at boot (a module that
+# fails, e.g. locale on a minbase image, makes its stage exit non-zero).
+CLOUD_INIT_STAGES = (
+    "cloud-init init --local; cloud-init init; cloud-init modules --mode=config;"
+    " cloud-init modules --mode=final"
+)
+SEED = "/var/lib/cloud/seed/nocloud"
+MARKER = "/var/lib/gpuenv/ready.json"
+
+
+@dataclass(frozen=True)
+class LabNode:
+    """One node of a running lab, reached over SSH with its host key verified."""
+
+    lab: str
+    name: str
+
+    def run(self, command: str, stdin: str | None = None, timeout: float = 600):
+        argv = ssh_argv(ROOT, self.lab, self.name, ["sudo", "sh", "-c", shlex.quote(command)])
+        return subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    def marker(self) -> dict | None:
+        done = self.run(f"cat {MARKER} 2>/dev/null || true")
+        return json.loads(done.stdout) if done.stdout.strip() else None
+
+    def install_cloud_init(self) -> None:
+        install = self.run(
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq"
+            " --no-install-recommends cloud-init >/dev/null && mkdir -p /etc/cloud/cloud.cfg.d"
+            " && cat > /etc/cloud/cloud.cfg.d/99-gpuenv-lab.cfg",
+            stdin=CLOUD_CFG,
+            timeout=900,
+        )
+        assert install.returncode == 0, install.stderr
+
+    def seed_and_start(self, user_data: str, instance_id: str) -> None:
+        """Seed cloud-init as a new instance and start its stages (they run on after this)."""
+        cleaned = self.run(f"cloud-init clean --logs; rm -f {MARKER}; mkdir -p {SEED}")
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert self.run(f"cat > {SEED}/user-data", stdin=user_data).returncode == 0
+        meta = f"instance-id: {instance_id}\n"
+        assert self.run(f"cat > {SEED}/meta-data", stdin=meta).returncode == 0
+        started = self.run(
+            f"systemd-run --unit gpuenv-e2e-{instance_id} --collect sh -c '{CLOUD_INIT_STAGES}'"
+        )
+        assert started.returncode == 0, started.stderr
+
+    def wait_ready(self, instance_id: str, deadline_s: float) -> dict:
+        """The bootstrap's final marker for this instance (fails the test at the deadline)."""
+        stop_at = time.monotonic() + deadline_s
+        while time.monotonic() < stop_at:
+            state = self.marker()
+            if state and state["ref"] in instance_id and state["status"] != "running":
+                return state
+            time.sleep(20)
+        log = self.run("tail -n 40 /var/log/gpuenv-bootstrap.log /var/log/cloud-init-output.log")
+        pytest.fail(f"no final marker within {deadline_s} s:\n{log.stdout}")
+
+    def boot(self, user_data: str, instance_id: str, deadline_s: float) -> dict:
+        self.seed_and_start(user_data, instance_id)
+        return self.wait_ready(instance_id, deadline_s)
+
+
+def head_commit() -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def serve_project(commit: str) -> Path:
+    """The committed project as a tarball the lab's cache container serves."""
+    out = wheelhouse_dir(ROOT) / "bootstrap"
+    out.mkdir(parents=True, exist_ok=True)
+    tarball = out / f"gpuenv-{commit}.tar.gz"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar.gz", "--prefix=gpuenv/", "-o",
+         str(tarball), commit],
+        check=True,
+    )  # fmt: skip
+    return tarball
+
+
+def serve_torch() -> None:
+    """CPU-only lab nodes are judged by the cpu profile, which requires ddp: the node gets the
+    CPU build of torch from the lab's wheelhouse (cp311: a Debian 12 node), as `make demo` does."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "-c", str(ROOT / "constraints.txt"),
+         "-d", str(wheelhouse_dir(ROOT)), TORCH],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+
+def render(inventory: Path, group: str, ref: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuenv", "cloud-init", "-i", str(inventory), "--group", group,
+         "--source", f"{WHEELHOUSE_URL}bootstrap/gpuenv-{{ref}}.tar.gz", "--ref", ref],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "PRIVATE KEY" not in done.stdout
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class Change:
+    task: str
+    path: str  # the task's file and line
+    files: tuple[str, ...] | None  # the files it changed, where the module says (gpuenv_files)
+
+
+@dataclass(frozen=True)
+class PlaybookRun:
+    rc: int
+    recap: dict[str, tuple[int, int, int]]  # host -> (changed, unreachable, failed)
+    changed_tasks: dict[str, list[Change]]  # host -> what changed it, task by task
+    output: str
+
+
+def playbook(inventory: Path, *args: str, timeout: float = 3600) -> PlaybookRun:
+    """site.yml from this checkout, reported through ansible.posix.json: which task changed what."""
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        # profile_tasks writes to the same stream; the JSON document must stand alone.
+        "ANSIBLE_CALLBACKS_ENABLED": "",
+    }
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "site.yml"]
+    argv += ["-i", str(inventory), *args]
+    done = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    start = done.stdout.find("{")
+    assert start >= 0, f"no JSON from ansible-playbook (rc {done.returncode}):\n{done.stderr}"
+    report = json.loads(done.stdout[start:])
+    changed: dict[str, list[Change]] = defaultdict(list)
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            for host, result in task["hosts"].items():
+                if result.get("changed"):
+                    files = result.get("changed_paths")
+                    changed[host].append(
+                        Change(
+                            task["task"]["name"],
+                            task["task"].get("path", ""),
+                            None if files is None else tuple(files),
+                        )
+                    )
+    recap = {
+        host: (s["changed"], s["unreachable"], s["failures"]) for host, s in report["stats"].items()
+    }
+    return PlaybookRun(done.returncode, recap, dict(changed), done.stdout + done.stderr)
