@@ -166,8 +166,9 @@ def playbook(inventory: Path, *args: str, timeout: float = 3600) -> PlaybookRun:
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
         "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        # profile_tasks writes to the same stream; the JSON document must stand alone.
-        "ANSIBLE_CALLBACKS_ENABLED": "",
+        # profile_tasks writes to the same stream and the JSON document must stand alone; an empty
+        # list is refused, and the stdout callback named again loads once.
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
     }
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "site.yml"]
     argv += ["-i", str(inventory), *args]
