@@ -147,7 +147,7 @@ def render(inventory: Path, group: str, ref: str) -> str:
 
 @dataclass(frozen=True)
 class Change:
-    task: str
+    task: str  # its name, without the role's
     path: str  # the task's file and line
     files: tuple[str, ...] | None  # the files it changed, where the module says (gpuenv_files)
 
@@ -158,6 +158,7 @@ class PlaybookRun:
     recap: dict[str, tuple[int, int, int]]  # host -> (changed, unreachable, failed)
     changed_tasks: dict[str, list[Change]]  # host -> what changed it, task by task
     output: str
+    wall_s: float
 
 
 def playbook(inventory: Path, *args: str, timeout: float = 3600) -> PlaybookRun:
@@ -172,9 +173,11 @@ def playbook(inventory: Path, *args: str, timeout: float = 3600) -> PlaybookRun:
     }
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "site.yml"]
     argv += ["-i", str(inventory), *args]
+    started = time.monotonic()
     done = subprocess.run(
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
+    wall_s = time.monotonic() - started
     start = done.stdout.find("{")
     assert start >= 0, f"no JSON from ansible-playbook (rc {done.returncode}):\n{done.stderr}"
     report = json.loads(done.stdout[start:])
@@ -186,7 +189,7 @@ def playbook(inventory: Path, *args: str, timeout: float = 3600) -> PlaybookRun:
                     files = result.get("changed_paths")
                     changed[host].append(
                         Change(
-                            task["task"]["name"],
+                            task["task"]["name"].split(" : ", 1)[-1],  # less "role : "
                             task["task"].get("path", ""),
                             None if files is None else tuple(files),
                         )
@@ -194,4 +197,11 @@ def playbook(inventory: Path, *args: str, timeout: float = 3600) -> PlaybookRun:
     recap = {
         host: (s["changed"], s["unreachable"], s["failures"]) for host, s in report["stats"].items()
     }
-    return PlaybookRun(done.returncode, recap, dict(changed), done.stdout + done.stderr)
+    run = PlaybookRun(done.returncode, recap, dict(changed), done.stdout + done.stderr, wall_s)
+    # What a reader of `pytest -s` wants to see: the recap and every change, by host.
+    print(f"\n{' '.join(argv[1:])}: rc {run.rc} in {wall_s:.1f} s")
+    for host, (n_changed, unreachable, failed) in sorted(recap.items()):
+        print(f"  {host}: changed={n_changed} unreachable={unreachable} failed={failed}")
+        for change in run.changed_tasks.get(host, []):
+            print(f"    {change.task}" + (f": {', '.join(change.files)}" if change.files else ""))
+    return run
