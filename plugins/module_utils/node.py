@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ansible_collections.gpuenv.cluster.plugins.module_utils.files import file_states
+
 # A command's exit status and standard output; 124 when it ran past its deadline, 127 when it
 # could not be started (the exit statuses of coreutils' timeout).
 Run = Callable[..., "tuple[int, str]"]
@@ -27,18 +29,28 @@ PCI_DEVICES = "/sys/bus/pci/devices"
 NVIDIA_VENDOR = "0x10de"
 
 
-# The option every reading module has (doc fragment gpuenv.cluster.node).
-PACKAGES_OPTION = {"packages": {"type": "list", "elements": "str", "default": []}}
+# The options every reading module has (doc fragment gpuenv.cluster.node).
+SHARED_OPTIONS = {
+    "packages": {"type": "list", "elements": "str", "default": []},
+    "watch": {
+        "type": "list",
+        "elements": "dict",
+        "default": [],
+        "options": {"path": {"type": "path", "required": True}, "marker": {"type": "str"}},
+    },
+}
 
 
 def exit_with_reading(
     module_class: Any, argument_spec: dict, read: Callable[[Run, dict], dict]
 ) -> None:
-    """Run a reading module: parse its options (plus packages), read, exit with changed=False."""
+    """Run a reading module: parse its options (plus the shared ones), read, and report the
+    watched files (``files``: what gpuenv.cluster.files_pending compares); changed=False."""
     module = module_class(
-        argument_spec={**argument_spec, **PACKAGES_OPTION}, supports_check_mode=True
+        argument_spec={**argument_spec, **SHARED_OPTIONS}, supports_check_mode=True
     )
-    module.exit_json(changed=False, **read(command_runner(module), module.params))
+    found = read(command_runner(module), module.params)
+    module.exit_json(changed=False, files=file_states(module.params["watch"]), **found)
 
 
 def command_runner(module: Any) -> Run:

@@ -122,6 +122,11 @@ import stat
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuenv.cluster.plugins.module_utils.files import (
+    BLOCK_MARKER,
+    outside_block,
+    render_block,
+)
 
 _PATH = {"path": {"type": "path", "required": True}}
 
@@ -146,7 +151,7 @@ _ENTRY_SPECS = {
     "blocks": {
         **_PATH,
         "block": {"type": "str", "required": True},
-        "marker": {"type": "str", "default": "# {mark} gpuenv managed block"},
+        "marker": {"type": "str", "default": BLOCK_MARKER},
         "position": {"type": "str", "default": "bottom", "choices": ["top", "bottom"]},
         **_owned("0644"),
     },
@@ -178,39 +183,6 @@ def ids(path: str, owner: str, group: str) -> tuple[int, int]:
     except KeyError:
         raise FilesError(f"{path}: group {group!r} does not exist on this node") from None
     return uid, gid
-
-
-def render_block(existing: str, block: str, marker: str, position: str) -> str:
-    """The file's text with the managed block in place: replaced where it is, else added."""
-    begin, end = marker.replace("{mark}", "BEGIN"), marker.replace("{mark}", "END")
-    body = block if block.endswith("\n") or not block else block + "\n"
-    managed = f"{begin}\n{body}{end}\n"
-    lines = existing.splitlines(keepends=True)
-    stripped = [line.rstrip("\r\n") for line in lines]
-    if begin in stripped and end in stripped[stripped.index(begin) :]:
-        first = stripped.index(begin)
-        last = stripped.index(end, first)
-        return "".join(lines[:first]) + managed + "".join(lines[last + 1 :])
-    if position == "top":
-        return managed + existing
-    if existing and not existing.endswith("\n"):
-        existing += "\n"
-    return existing + managed
-
-
-def outside_block(text: str, marker: str) -> list[str]:
-    """The lines of text that are not inside the managed block (markers excluded)."""
-    begin, end = marker.replace("{mark}", "BEGIN"), marker.replace("{mark}", "END")
-    kept: list[str] = []
-    inside = False
-    for line in text.splitlines():
-        if line == begin:
-            inside = True
-        elif line == end and inside:
-            inside = False
-        elif not inside:
-            kept.append(line)
-    return kept
 
 
 class Files:

@@ -13,7 +13,10 @@ from types import ModuleType
 
 import pytest
 
-MODULE_PATH = Path(__file__).resolve().parents[2] / "plugins/modules/gpuenv_files.py"
+ROOT = Path(__file__).resolve().parents[2]
+MODULE_PATH = ROOT / "plugins/modules/gpuenv_files.py"
+# The module imports its block rules as the collection gpuenv.cluster (module_utils/files.py).
+sys.path.insert(0, str(ROOT / ".ansible" / "collections"))
 
 
 def _load() -> ModuleType:
