@@ -8,7 +8,8 @@ goes through it), so nothing leaves the lab's network. With a preset, the node's
 are pointed at the mirror (the lab's apt cache stands in for it, as apt-cacher-ng serves
 http://apt-cache:3142/deb.debian.org/debian, reached directly through gpuenv_no_proxy) and apt's
 lists read from it; a second run and check
-mode change nothing; the official preset again puts the files back as they were.
+mode change nothing; gpuenv_apt_base_repoint false, and then the official preset again, put the
+files back as they were.
 
 Opt-in, because it needs docker and a running lab (a minute or two):
 
@@ -178,6 +179,12 @@ def test_a_preset_points_the_base_apt_sources_at_the_mirror_and_official_puts_th
         assert (again.returncode, changed, failed) == (0, 0, 0), again.stdout[-3000:]
         check, (changed, failed) = sources(mirror, "--check")
         assert (check.returncode, changed, failed) == (0, 0, 0), check.stdout[-3000:]
+        # A site that keeps its own base sources: what gpuenv changed there is put back.
+        kept, (changed, failed) = sources({**mirror, "gpuenv_apt_base_repoint": False})
+        assert (kept.returncode, failed) == (0, 0), kept.stdout[-3000:]
+        assert changed > 0 and on_node(f"md5sum {' '.join(BASE_FILES)}").stdout == before
+        again, (changed, failed) = sources(mirror)
+        assert (again.returncode, failed) == (0, 0) and changed > 0, again.stdout[-3000:]
         off, (changed, failed) = sources({})
         assert (off.returncode, failed) == (0, 0), off.stdout[-3000:]
         assert changed > 0
