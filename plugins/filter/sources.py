@@ -29,12 +29,17 @@ _CERT_RE = re.compile(r"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CE
 
 
 @cache
-def _presets() -> dict[str, dict[str, Any]]:
+def _table() -> dict[str, Any]:
     try:
-        data = yaml.safe_load(TABLE.read_text())
+        data: dict[str, Any] = yaml.safe_load(TABLE.read_text())
     except OSError as exc:
         raise AnsibleFilterError(f"the sources presets {TABLE} cannot be read: {exc}") from exc
-    presets: dict[str, dict[str, Any]] = data["presets"]
+    return data
+
+
+@cache
+def _presets() -> dict[str, dict[str, Any]]:
+    presets: dict[str, dict[str, Any]] = _table()["presets"]
     official_cuda = presets["official"]["cuda"]
     out = {}
     for name, entry in presets.items():
@@ -58,6 +63,30 @@ def sources_preset(name: Any) -> dict[str, Any]:
     if error:
         raise AnsibleFilterError(error)
     return _presets()[name]
+
+
+def sources_apt_rules(
+    preset: Any, family: str, mirror: str = "", security: str = ""
+) -> list[dict[str, str]]:
+    """The rules that point a node's base apt sources at the chosen archive roots: one
+    ``{match, url}`` per row of the table's ``upstream`` for ``family`` (debian, ubuntu), where
+    ``url`` is ``mirror`` (``security``) or the preset's. A row whose root is the official one
+    is left out, so the official preset with no override gives none (the sources stay as they
+    are); so does a family the table does not know."""
+    chosen = sources_preset(preset)
+    rows = _table().get("upstream", {}).get(family, [])
+    if family not in chosen:
+        return []
+    official = sources_preset("official")[family]
+    roots = {
+        "mirror": (mirror or chosen[family]["mirror"]).rstrip("/"),
+        "security": (security or chosen[family]["security"]).rstrip("/"),
+    }
+    return [
+        {"match": row["url"], "url": roots[row["to"]]}
+        for row in rows
+        if roots[row["to"]] != official[row["to"]].rstrip("/")
+    ]
 
 
 def sources_urls(value: Any) -> list[str]:
@@ -132,6 +161,7 @@ class FilterModule:
         return {
             "sources_preset": sources_preset,
             "sources_preset_error": sources_preset_error,
+            "sources_apt_rules": sources_apt_rules,
             "sources_urls": sources_urls,
             "sources_pip_args": sources_pip_args,
             "sources_plain_http_hosts": sources_plain_http_hosts,

@@ -278,6 +278,11 @@ CASES: dict[str, Case] = {
         {**GOOD_TRIXIE, "gpuenv_ca_bundle": "/nonexistent/site-ca.pem"},
         ("gpuenv_ca_bundle", "/nonexistent/site-ca.pem does not exist on the controller"),
     ),
+    "sources-base-repoint-not-a-bool": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "gpuenv_apt_base_repoint": "maybe"},
+        ("sources_apt_base_repoint (gpuenv_apt_base_repoint) must be true or false, got maybe",),
+    ),
 }
 
 

@@ -4,7 +4,12 @@ A proxy, a no-proxy host and a site CA bundle are configured, the files appear a
 the CA joins the system bundle; a second run changes nothing; without them the role removes what
 it wrote. A mirror on the lab's network that refuses connections (another node's port 9) stops
 the run naming its URL after the retries. The proxy is never used for a download here (no probe
-goes through it), so nothing leaves the lab's network.
+goes through it), so nothing leaves the lab's network. With a preset, the node's base apt sources
+are pointed at the mirror (the lab's apt cache stands in for it, as apt-cacher-ng serves
+http://apt-cache:3142/deb.debian.org/debian, reached directly through gpuenv_no_proxy) and apt's
+lists read from it; a second run and check
+mode change nothing; gpuenv_apt_base_repoint false, and then the official preset again, put the
+files back as they were.
 
 Opt-in, because it needs docker and a running lab (a minute or two):
 
@@ -46,10 +51,10 @@ def on_node(command):
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 
-def sources(extra):
+def sources(extra, *options):
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/sources.yml"]
-    argv += ["-i", str(INVENTORY), "-l", node(), "-e", json.dumps(extra)]
+    argv += ["-i", str(INVENTORY), "-l", node(), "-e", json.dumps(extra), *options]
     done = subprocess.run(
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
     )
@@ -115,3 +120,79 @@ def test_a_mirror_that_refuses_connections_is_named_after_the_retries():
     assert f"these sources did not answer after 3 retries: {url}/dists/" in flat, flat[-2000:]
     assert "Connection refused" in flat
     assert changed == 0
+
+
+# The lab's apt cache as the site's mirror: apt-cacher-ng serves an archive under /<host>/<path>.
+CACHE = "http://apt-cache:3142/deb.debian.org"
+SECURITY_SOURCES = """Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: {release}-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+"""
+# A file named as the roles name theirs: never the sources role's to change.
+ROLES_OWN = "deb http://deb.debian.org/debian {release}-updates main\n"
+BASE_FILES = (
+    "/etc/apt/sources.list",
+    "/etc/apt/sources.list.d/lab-security.sources",
+    "/etc/apt/sources.list.d/gpuenv-lab-test.list",
+)
+
+
+def test_a_preset_points_the_base_apt_sources_at_the_mirror_and_official_puts_them_back():
+    release = (
+        hosts()[node()].get("gpuenv_lab_distro")
+        or on_node(". /etc/os-release && echo $VERSION_CODENAME").stdout.strip()
+    )
+    security = SECURITY_SOURCES.format(release=release).replace("\n", "\\n")
+    setup = on_node(
+        f"printf '{security}' > {BASE_FILES[1]} && "
+        f"printf '{ROLES_OWN.format(release=release)}' > {BASE_FILES[2]} && "
+        f"md5sum {' '.join(BASE_FILES)}"
+    )
+    assert setup.returncode == 0, setup.stderr
+    before = setup.stdout
+    mirror = {
+        "gpuenv_sources_preset": "tuna",
+        "gpuenv_apt_mirror": f"{CACHE}/debian",
+        "gpuenv_apt_security_mirror": f"{CACHE}/debian-security",
+        # The cache as apt's proxy and, by name, reached directly as the mirror (apt-cacher-ng
+        # refuses a proxied request for its own address: "confusing proxy mode").
+        "gpuenv_apt_proxy": "http://apt-cache:3142",
+        "gpuenv_no_proxy": "apt-cache",
+        # Only the lab's own addresses: the preset's PyPI index is not probed from here.
+        "sources_probe_urls": [f"{CACHE}/debian/dists/{release}/Release"],
+    }
+    try:
+        done, (changed, failed) = sources(mirror)
+        assert (done.returncode, failed) == (0, 0), done.stdout[-3000:]
+        assert changed > 0
+        listed = on_node(f"cat {' '.join(BASE_FILES)}").stdout
+        assert f"deb {CACHE}/debian {release} main" in listed
+        assert f"URIs: {CACHE}/debian-security" in listed
+        assert ROLES_OWN.format(release=release) in listed
+        # apt-get update ran in the same step: the lists come from the mirror now.
+        lists = on_node("ls /var/lib/apt/lists").stdout
+        assert f"apt-cache:3142_deb.debian.org_debian_dists_{release}_InRelease" in lists
+        assert f"apt-cache:3142_deb.debian.org_debian-security_dists_{release}-security" in lists
+        again, (changed, failed) = sources(mirror)
+        assert (again.returncode, changed, failed) == (0, 0, 0), again.stdout[-3000:]
+        check, (changed, failed) = sources(mirror, "--check")
+        assert (check.returncode, changed, failed) == (0, 0, 0), check.stdout[-3000:]
+        # A site that keeps its own base sources: what gpuenv changed there is put back.
+        kept, (changed, failed) = sources({**mirror, "gpuenv_apt_base_repoint": False})
+        assert (kept.returncode, failed) == (0, 0), kept.stdout[-3000:]
+        assert changed > 0 and on_node(f"md5sum {' '.join(BASE_FILES)}").stdout == before
+        again, (changed, failed) = sources(mirror)
+        assert (again.returncode, failed) == (0, 0) and changed > 0, again.stdout[-3000:]
+        off, (changed, failed) = sources({})
+        assert (off.returncode, failed) == (0, 0), off.stdout[-3000:]
+        assert changed > 0
+        assert on_node(f"md5sum {' '.join(BASE_FILES)}").stdout == before
+        assert on_node("ls /var/lib/gpuenv/sources 2>/dev/null; true").stdout.strip() == ""
+        assert "apt-cache:3142_deb.debian.org" not in on_node("ls /var/lib/apt/lists").stdout
+        quiet, (changed, failed) = sources({})
+        assert (quiet.returncode, changed, failed) == (0, 0, 0), quiet.stdout[-3000:]
+    finally:
+        sources({})
+        on_node(f"rm -f {BASE_FILES[1]} {BASE_FILES[2]} && apt-get update -qq")
