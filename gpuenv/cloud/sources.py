@@ -40,6 +40,7 @@ OVERRIDES = (
     "gpuenv_ca_bundle",
     "gpuenv_apt_proxy",
     "gpuenv_pip_find_links",
+    "gpuenv_apt_base_repoint",
 )
 DISTRO_FAMILIES = ("debian", "ubuntu")
 # Where the system bundle lies once a site CA is installed with update-ca-certificates.
@@ -78,6 +79,7 @@ class Sources:
     ca_bundle: str  # controller path of a PEM file with the site's CA certificates; empty: none
     apt_proxy: str  # apt-only HTTP proxy (a site cache such as apt-cacher-ng); empty: none
     pip_find_links: tuple[str, ...]  # wheel folders pip also searches (--find-links)
+    apt_base_repoint: bool  # point the node's own base apt sources at a chosen mirror
     notes: tuple[str, ...]  # what the user should know (a preset without a CUDA mirror)
 
 
@@ -145,6 +147,22 @@ def _is_url(value: str, schemes: tuple[str, ...]) -> bool:
         return False
 
 
+# The spellings Ansible's bool filter takes for a YAML string.
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def _flag(variables: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = variables.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise BadInput(f"{name} must be true or false, got {value!r}")
+
+
 def _url_list(
     variables: Mapping[str, Any], name: str, schemes: tuple[str, ...] = ("http", "https")
 ) -> tuple[str, ...]:
@@ -196,6 +214,7 @@ def resolve(variables: Mapping[str, Any]) -> Sources:
         ca_bundle=_text(variables, "gpuenv_ca_bundle"),
         apt_proxy=_url(variables, "gpuenv_apt_proxy", web),
         pip_find_links=_url_list(variables, "gpuenv_pip_find_links", ("http", "https", "file")),
+        apt_base_repoint=_flag(variables, "gpuenv_apt_base_repoint", True),
         notes=tuple(notes),
     )
 

@@ -235,7 +235,10 @@ def check_profile(variables: Mapping[str, Any]) -> str:
 
 def _env_file(req: Request, sources: src.Sources, node_venv: str, profile: str) -> str:
     official = src.preset("official").apt
-    rewrite = {f: a for f, a in sources.apt.items() if a != official[f]}
+    # gpuenv_apt_base_repoint false: the image's own apt sources stay as they are.
+    rewrite = {
+        f: a for f, a in sources.apt.items() if a != official[f] and sources.apt_base_repoint
+    }
     values = {
         "GPUENV_GROUP": req.group,
         "GPUENV_SOURCE": req.source,

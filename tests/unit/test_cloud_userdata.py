@@ -95,6 +95,16 @@ def test_user_data_carries_the_groups_variables_and_the_resolved_sources(rendere
     assert "index-url = https://mirrors.aliyun.com/pypi/simple/\n" in pip_conf
 
 
+def test_a_group_that_keeps_its_base_sources_gets_no_repoint(tmp_path):
+    inv = _write_inventory(tmp_path, extra_cloud_vars="        gpuenv_apt_base_repoint: false")
+    _, files = _files(userdata.render(_request(inv)).text)
+    env = files["/etc/gpuenv/bootstrap.env"]["content"]
+    # The bootstrap leaves the image's apt sources as they are (it repoints only with a mirror).
+    assert "GPUENV_APT_MIRROR_DEBIAN=''\n" in env and "GPUENV_APT_SECURITY_DEBIAN=''\n" in env
+    node_vars = yaml.safe_load(files["/etc/gpuenv/inventory/group_vars/cloud_nodes.yml"]["content"])
+    assert node_vars["gpuenv_apt_base_repoint"] is False
+
+
 def test_user_data_holds_no_private_key(rendered):
     out, inv = rendered
     key_file = inv.parent / "id_controller"

@@ -95,12 +95,21 @@ def test_overrides_beat_the_preset():
         ("gpuenv_cuda_repo_url", 5, "must be a string"),
         ("gpuenv_apt_proxy", "cache:3142", "is not a URL"),
         ("gpuenv_pip_find_links", ["ftp://cache/wheels"], "is not a URL"),
+        ("gpuenv_apt_base_repoint", "maybe", "must be true or false"),
+        ("gpuenv_apt_base_repoint", 2, "must be true or false"),
     ],
 )
 def test_bad_values_name_the_variable(name, value, expected):
     with pytest.raises(BadInput, match=expected) as exc:
         sources.resolve({name: value})
     assert name in str(exc.value)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, True), (False, False), ("no", False),
+                                                 (True, True), ("Yes", True)])  # fmt: skip
+def test_the_base_sources_are_repointed_unless_told_not_to(value, expected):
+    variables = {} if value is None else {"gpuenv_apt_base_repoint": value}
+    assert sources.resolve(variables).apt_base_repoint is expected
 
 
 def test_a_wheel_folder_on_the_node_is_a_file_url():
@@ -117,11 +126,6 @@ _SOURCE_NAME = (
 )
 
 
-# Source variables only the roles read: pull mode's bootstrap points a fresh image's base apt
-# sources at the mirror before Ansible runs, whatever this says (docs/sources.md).
-ROLES_ONLY = {"gpuenv_apt_base_repoint"}
-
-
 def _role_texts():
     for path in sorted((ROOT / "roles").glob("*/*/*.yml")):
         yield path.read_text()
@@ -131,7 +135,7 @@ def test_roles_read_exactly_the_documented_source_variables():
     # The roles and gpuenv cloud-init agree on one set of names: every gpuenv_* source variable a
     # role reads is one resolve() knows, and each one resolve() knows is read by some role
     # (gpuenv_ca_bundle by roles/sources, the CUDA repository ones by nvidia_driver, ...).
-    known = {sources.PRESET_VAR, *sources.OVERRIDES, *ROLES_ONLY}
+    known = {sources.PRESET_VAR, *sources.OVERRIDES}
     read = set()
     for text in _role_texts():
         read |= set(re.findall(_SOURCE_NAME, text))
@@ -141,5 +145,5 @@ def test_roles_read_exactly_the_documented_source_variables():
 
 def test_the_documentation_names_every_source_variable():
     doc = (ROOT / "docs" / "sources.md").read_text()
-    for name in (sources.PRESET_VAR, *sources.OVERRIDES, *ROLES_ONLY):
+    for name in (sources.PRESET_VAR, *sources.OVERRIDES):
         assert f"`{name}`" in doc, name
