@@ -96,7 +96,8 @@ def test_every_role_has_the_one_skeleton(role: str) -> None:
     tasks = ROOT / "roles" / role / "tasks"
     main = yaml.safe_load((tasks / "main.yml").read_text())
     # Imported (static, no task of its own at run time) or included (dynamic, behind a condition).
-    included = [t.get("ansible.builtin.import_tasks") or t.get("ansible.builtin.include_tasks") for t in main]
+    verbs = ("ansible.builtin.import_tasks", "ansible.builtin.include_tasks")
+    included = [next((t[v] for v in verbs if v in t), None) for t in main]
     assert included == ["validate.yml", "install.yml", "configure.yml"], included
     # Per-OS data: first_found ending on a default that exists.
     validate = (tasks / "validate.yml").read_text()
