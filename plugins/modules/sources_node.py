@@ -19,8 +19,9 @@ description:
     is put back as it was, unless someone changed it since (a warning names it, and it is left as
     it is).
   - When a sources file changed, C(apt-get update) runs at once, so that a later
-    C(cache_valid_time) does not keep lists read from the old sources. When it fails, the files and
-    the record are put back as they were and the task fails with apt's message.
+    C(cache_valid_time) does not keep lists read from the old sources, each attempt under a
+    deadline of 300 s. When it fails, the files and the record are put back as they were and the
+    task fails with apt's message.
   - Supports check mode and diff mode.
 options:
   absent:
@@ -135,6 +136,11 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuenv.cluster.plugins.module_utils.node import KILL_AFTER_S
+
+# apt-get update gets this long per attempt (a mirror that accepts the connection and then sends
+# nothing would otherwise hold the run); coreutils' timeout stops it, exit status 124.
+APT_UPDATE_TIMEOUT_S = 300
 
 # An archive root ends where its URL ends: a '/', a blank or the end of the line follows.
 _END = r"(?=[/\s]|$)"
@@ -279,7 +285,9 @@ class Node:
 
     def update(self, retries: int, delay: int) -> str:
         """apt-get update; '' when it worked, else the end of what apt said."""
-        argv = ["apt-get", "-o", "DPkg::Lock::Timeout=120", "update"]
+        timeout = self.module.get_bin_path("timeout", required=True)
+        argv = [timeout, "-k", str(KILL_AFTER_S), str(APT_UPDATE_TIMEOUT_S)]
+        argv += ["apt-get", "-o", "DPkg::Lock::Timeout=120", "update"]
         error = ""
         for attempt in range(retries + 1):
             rc, out, err = self.module.run_command(argv)
@@ -287,7 +295,11 @@ class Node:
             failed = rc != 0 or re.search(r"^(E:|W: Failed to fetch|Err:)", out + err, re.M)
             if not failed:
                 return ""
-            error = " ".join((err or out).strip().splitlines()[-3:])
+            error = (
+                f"it did not finish within {APT_UPDATE_TIMEOUT_S} s"
+                if rc in (124, 137)
+                else " ".join((err or out).strip().splitlines()[-3:])
+            )
             if attempt < retries:
                 time.sleep(delay)
         return error or "apt-get update failed"

@@ -19,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = ROOT / "gpuenv" / "cloud" / "templates" / "bootstrap.sh"
+# The module imports its deadline from module_utils as the collection gpuenv.cluster.
+sys.path.insert(0, str(ROOT / ".ansible" / "collections"))
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -161,10 +163,15 @@ class FakeModule:
         self.warnings: list[str] = []
         self.result: dict[str, Any] = {}
 
+    def get_bin_path(self, name: str, required: bool = False) -> str:
+        return "/usr/bin/" + name
+
     def run_command(self, argv: list[str]) -> tuple[int, str, str]:
         self.commands.append(argv)
-        if argv[0] != "apt-get":
+        if "apt-get" not in argv:
             return (0, "", "")
+        if self.apt_rc == 124:  # coreutils' timeout stopped it: it says nothing
+            return (124, "", "")
         if self.apt_rc:
             return (self.apt_rc, "", "E: Failed to fetch http://apt.site/debian/dists/x/InRelease")
         return (0, "Hit:1 http://apt.site/debian bookworm InRelease\n", "")
@@ -225,7 +232,9 @@ def test_repointed_recorded_updated_then_quiet_then_put_back(etc: Path):
         f"{apt}/sources.list",
         f"{apt}/sources.list.d/debian.sources",
     ]
-    assert first.commands == [["apt-get", "-o", "DPkg::Lock::Timeout=120", "update"]]
+    assert first.commands == [
+        ["/usr/bin/timeout", "-k", "5", "300", "apt-get", "-o", "DPkg::Lock::Timeout=120", "update"]
+    ]
     assert f"deb {TUNA}/debian bookworm main" in (apt / "sources.list").read_text()
     assert (
         f"URIs: {TUNA}/debian-security" in (apt / "sources.list.d" / "debian.sources").read_text()
@@ -274,6 +283,12 @@ def test_a_failed_update_puts_the_files_back_and_names_apts_error(etc: Path):
         converge(etc, "official", mirror="http://apt.site/debian", apt_rc=100)
     assert (etc / "apt" / "sources.list").read_text() == DEBIAN_LIST
     assert not (etc / "record").exists()
+
+
+def test_an_update_past_its_deadline_puts_the_files_back_and_says_so(etc: Path):
+    with pytest.raises(Failed, match=r"apt-get update failed after pointing .*within 300 s"):
+        converge(etc, "official", mirror="http://apt.site/debian", apt_rc=124)
+    assert (etc / "apt" / "sources.list").read_text() == DEBIAN_LIST
 
 
 def test_removes_the_unwanted_files_but_keeps_the_wanted_ones(tmp_path: Path):
