@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from gpuenv.doctor import pci
 from gpuenv.doctor.findings import Finding, Verdict, skipped
-from gpuenv.doctor.nvidia_hw import generation
+from gpuenv.floor.nvidia_hw import generation
 from gpuenv.doctor.system import System
 
 _MODULE_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ansible_collections.gpuenv.cluster.plugins.module_utils.files import file_states
+from .files import file_states
 
 # A command's exit status and standard output; 124 when it ran past its deadline, 127 when it
 # could not be started (the exit statuses of coreutils' timeout).

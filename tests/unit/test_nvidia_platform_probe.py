@@ -282,7 +282,8 @@ def test_fabric_manager_version_compares_upstream_versions(driver, manager, erro
 
 
 def test_doctor_reads_the_same_table():
-    from gpuenv.doctor import driver, nvidia_hw
+    from gpuenv.doctor import driver
+    from gpuenv.floor import nvidia_hw
 
     assert Path(nvidia_hw.__file__).resolve() == Path(hw.__file__).resolve()
     assert driver.generation is nvidia_hw.generation
