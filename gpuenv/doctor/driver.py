@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from gpuenv.doctor import pci
 from gpuenv.doctor.findings import Finding, Verdict, skipped
-from gpuenv.floor.nvidia_hw import generation
 from gpuenv.doctor.system import System
+from gpuenv.floor.nvidia_hw import generation
 
 _MODULE_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 _LIB_RE = re.compile(r"\.so\.(\d+\.\d+(?:\.\d+)?)$")

@@ -13,8 +13,8 @@ import re
 from gpuenv.doctor import pci
 from gpuenv.doctor.driver import loaded_module
 from gpuenv.doctor.findings import Finding, Verdict, skipped
-from gpuenv.floor.nvidia_hw import fabric_states, fabric_unhealthy
 from gpuenv.doctor.system import System
+from gpuenv.floor.nvidia_hw import fabric_states, fabric_unhealthy
 
 _FM_VERSION_RE = re.compile(r"version is\s*:\s*(\S+)", re.IGNORECASE)
 
