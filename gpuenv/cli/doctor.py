@@ -57,7 +57,7 @@ def register(subparsers: Any) -> None:
 
 
 def _validate(args: argparse.Namespace) -> list[int] | None:
-    from gpuenv.doctor.engine import class_numbers
+    from gpuenv.doctor.diagnosis import class_numbers
 
     only = None
     if args.only is not None:
@@ -113,10 +113,10 @@ def handler(args: argparse.Namespace) -> int:
         node = "cluster"
         results = _fleet(fleet, hosts, args, only)
     else:
-        from gpuenv.doctor import engine
+        from gpuenv.doctor import diagnosis
 
         node = args.node or socket.gethostname().split(".")[0]
-        results = engine.results(node, engine.diagnose(_system(args), args.address, only))
+        results = diagnosis.results(node, diagnosis.diagnose(_system(args), args.address, only))
     wall = time.monotonic() - t0
     # With the JSON on stdout, stdout holds nothing else.
     stream = sys.stderr if args.json == "-" else sys.stdout

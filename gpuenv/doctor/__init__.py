@@ -2,6 +2,6 @@
 
 ``system`` reads the node (files under a root folder, commands through a runner), one module
 per concern holds the readers and analysers of its classes (``driver``, ``fabric``, ``acs``,
-``rdma``, ``netif``, ``nccl``, ``envvars``), ``engine`` runs them and compares nodes, ``fleet``
+``rdma``, ``netif``, ``nccl``, ``envvars``), ``diagnosis`` runs them and compares nodes, ``fleet``
 fans out over an inventory, ``render`` writes the console text. docs/doctor.md lists the classes.
 """

@@ -14,7 +14,7 @@ import itertools
 import re
 
 from gpuenv.doctor import pci
-from gpuenv.doctor.findings import Finding, Verdict, skipped
+from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
 
 _HEADER_RE = re.compile(r"^([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) (.*)$")
@@ -73,7 +73,7 @@ def path_bridges(devices: list[pci.Device]) -> dict[str, list[str]]:
     return crossing
 
 
-def pcie_acs(system: System) -> Verdict:
+def pcie_acs(system: System) -> ClassReading:
     devices = pci.devices(system)
     endpoints = [d for d in devices if d.is_gpu or d.is_nic]
     if not any(d.is_gpu for d in endpoints) or len(endpoints) < 2:
@@ -82,7 +82,7 @@ def pcie_acs(system: System) -> Verdict:
     crossing = path_bridges(endpoints)
     facts = {"iommu": mode, "path_bridges": sorted(crossing)}
     if not crossing:
-        return Verdict(6, facts=facts)
+        return ClassReading(6, facts=facts)
     out = system.run("lspci-vvv", ["lspci", "-D", "-vvv"])
     if out.rc is None:
         return skipped(6, out.why("lspci (pciutils)"), **facts)
@@ -95,14 +95,14 @@ def pcie_acs(system: System) -> Verdict:
         if b in controls and any(f in controls[b][1] for f in _ON_FLAGS)
     }
     facts["acs_on"] = sorted(on)
-    verdict = Verdict(6, facts=facts)
+    reading = ClassReading(6, facts=facts)
     if not on:
-        return verdict
+        return reading
     evidence = [f"lspci -vvv {b} ({desc}): ACSCtl: {flags}" for b, (desc, flags) in on.items()]
     evidence += [f"{b} is on the path {', '.join(crossing[b][:3])}" for b in on]
     evidence.append(f"IOMMU: {mode} ({mode_evidence})")
     bdfs = ";".join(on)
-    verdict.findings.append(
+    reading.findings.append(
         Finding(
             6,
             f"PCIe ACS on between GPUs/NICs at {', '.join(on)} (IOMMU {mode})",
@@ -119,4 +119,4 @@ def pcie_acs(system: System) -> Verdict:
             ),
         )
     )
-    return verdict
+    return reading

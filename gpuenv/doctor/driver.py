@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from gpuenv.doctor import pci
-from gpuenv.doctor.findings import Finding, Verdict, skipped
+from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
 from gpuenv.floor.nvidia_hw import generation
 
@@ -141,7 +141,7 @@ def installed_module(system: System) -> Module | None:
     return Module(version, flavour, "modinfo -F version nvidia (not loaded)")
 
 
-def driver_version(system: System) -> Verdict:
+def driver_version(system: System) -> ClassReading:
     module = loaded_module(system)
     loaded = module is not None
     if module is None:
@@ -158,9 +158,9 @@ def driver_version(system: System) -> Verdict:
             return skipped(1, "ldconfig -p cannot be read: driver library version unknown", **facts)
         return skipped(1, "no libnvidia-ml.so.1 or libcuda.so.1 in the ld cache", **facts)
     wrong = {lib: v for lib, v in libs.items() if v != module.version}
-    verdict = Verdict(1, facts=facts)
+    reading = ClassReading(1, facts=facts)
     if not wrong:
-        return verdict
+        return reading
     lib_version = sorted(set(wrong.values()), key=version_key)[-1]
     evidence.insert(0, f"{module.source}: kernel module {module.version} ({module.flavour})")
     log = dpkg_log(system)
@@ -196,7 +196,7 @@ def driver_version(system: System) -> Verdict:
                 f"{pkg.split(':')[0]}={old}"
             )
         fixes.append(f"keep it from recurring: apt-mark hold {pkg.split(':')[0]}")
-    verdict.findings.append(
+    reading.findings.append(
         Finding(
             1,
             f"driver library {lib_version} != {what} {module.version}",
@@ -205,7 +205,7 @@ def driver_version(system: System) -> Verdict:
             tuple(fixes),
         )
     )
-    return verdict
+    return reading
 
 
 def os_id(system: System) -> str:
@@ -226,7 +226,7 @@ def _flavour_fix(system: System, flavour: str, branch: str) -> str:
     return f"apt-get install {pkg}  (then reboot)"
 
 
-def module_flavour(system: System) -> Verdict:
+def module_flavour(system: System) -> ClassReading:
     gpus = pci.gpus(system)
     if not gpus:
         return skipped(3, "no NVIDIA GPU on the PCI bus")
@@ -236,10 +236,10 @@ def module_flavour(system: System) -> Verdict:
         return skipped(3, "no NVIDIA kernel module loaded or installed (modinfo nvidia)")
     source = module.source if module else "modinfo -F license nvidia"
     facts = {"flavour": flavour, "gpus": [f"{g.bdf} 0x{g.device:04x}" for g in gpus]}
-    verdict = Verdict(3, facts=facts)
+    reading = ClassReading(3, facts=facts)
     wrong = [(g, *generation(g.device)) for g in gpus if flavour not in generation(g.device)[1]]
     if not wrong:
-        return verdict
+        return reading
     gen = wrong[0][1]
     need = "open" if "open" in wrong[0][2] else "proprietary"
     branch = module.version.split(".")[0] if module else "<branch>"
@@ -247,7 +247,7 @@ def module_flavour(system: System) -> Verdict:
     evidence += [
         f"GPU {g.bdf}: PCI ID 10de:{g.device:04x} ({gen_name})" for g, gen_name, _ in wrong
     ]
-    verdict.findings.append(
+    reading.findings.append(
         Finding(
             3,
             f"{flavour} kernel module loaded for {gen} GPUs that need the {need} one",
@@ -257,7 +257,7 @@ def module_flavour(system: System) -> Verdict:
             (_flavour_fix(system, need, branch),),
         )
     )
-    return verdict
+    return reading
 
 
 _SB_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -293,7 +293,7 @@ def kernel_log(system: System) -> tuple[list[str] | None, str]:
     return None, out.why("kernel log")
 
 
-def secure_boot(system: System) -> Verdict:
+def secure_boot(system: System) -> ClassReading:
     if not system.exists("/sys/firmware/efi"):
         return skipped(4, "not booted through UEFI (no /sys/firmware/efi): no Secure Boot")
     enabled, sb_evidence = secure_boot_state(system)
@@ -301,7 +301,7 @@ def secure_boot(system: System) -> Verdict:
         return skipped(4, "Secure Boot state unreadable (no mokutil, no SecureBoot efivar)")
     facts = {"secure_boot": enabled}
     if not enabled:
-        return Verdict(4, facts=facts)
+        return ClassReading(4, facts=facts)
     signer = system.run("modinfo-signer", ["modinfo", "-F", "signer", "nvidia"])
     log, log_source = kernel_log(system)
     if signer.rc is None and log is None:
@@ -327,10 +327,10 @@ def secure_boot(system: System) -> Verdict:
             "(not root?): cannot tell whether the kernel refused it",
             **facts,
         )
-    verdict = Verdict(4, facts=facts)
+    reading = ClassReading(4, facts=facts)
     if not (unsigned or rejected):
-        return verdict
-    verdict.findings.append(
+        return reading
+    reading.findings.append(
         Finding(
             4,
             "Secure Boot is on and the NVIDIA module is unsigned or rejected",
@@ -346,7 +346,7 @@ def secure_boot(system: System) -> Verdict:
             ),
         )
     )
-    return verdict
+    return reading
 
 
 def _modules_for(system: System, kernel: str) -> list[str]:
@@ -372,7 +372,7 @@ def next_boot_kernel(system: System, installed: list[str]) -> tuple[str | None, 
     return None, ""
 
 
-def next_boot_module(system: System) -> Verdict:
+def next_boot_module(system: System) -> ClassReading:
     running = (system.read("/proc/sys/kernel/osrelease") or "").strip()
     installed = [p.rsplit("/", 1)[-1][8:] for p in system.glob("/boot/vmlinuz-*")]
     if not installed:
@@ -387,9 +387,9 @@ def next_boot_module(system: System) -> Verdict:
         return skipped(5, f"no NVIDIA module installed for the running kernel {running}")
     nxt, source = next_boot_kernel(system, installed)
     facts = {"running": running, "next_boot": nxt, "installed": sorted(installed, key=version_key)}
-    verdict = Verdict(5, facts=facts)
+    reading = ClassReading(5, facts=facts)
     if nxt is None or nxt == running or _modules_for(system, nxt):
-        return verdict
+        return reading
     evidence = [
         source,
         f"/lib/modules/{nxt}: no nvidia.ko"
@@ -399,7 +399,7 @@ def next_boot_module(system: System) -> Verdict:
     change = last_change(dpkg_log(system), r"^linux-(image|modules)", None)
     if change and nxt in change:
         evidence.append(f"/var/log/dpkg.log: {change}")
-    verdict.findings.append(
+    reading.findings.append(
         Finding(
             5,
             f"next-boot kernel {nxt} has no NVIDIA module",
@@ -412,4 +412,4 @@ def next_boot_module(system: System) -> Verdict:
             ),
         )
     )
-    return verdict
+    return reading

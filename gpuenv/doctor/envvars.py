@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuenv.doctor.findings import Finding, Verdict
+from gpuenv.doctor.findings import ClassReading, Finding
 from gpuenv.doctor.system import System
 
 PROCESS = "the environment gpuenv doctor runs in"
@@ -103,10 +103,10 @@ def _fix(s: Setting) -> str:
     return f"sed -i '{s.line}{{/{s.name}=/d}}' {s.source}  (line {s.line}), then log in again"
 
 
-def stray_env(system: System) -> Verdict:
+def stray_env(system: System) -> ClassReading:
     settings = [s for s in global_settings(system) if s.name != "LD_LIBRARY_PATH"]
     facts = {"settings": [f"{s.name}={s.value} ({s.where()})" for s in settings]}
-    verdict = Verdict(10, facts=facts)
+    reading = ClassReading(10, facts=facts)
     by_name: dict[str, list[Setting]] = {}
     for s in settings:
         rule = RULES.get(s.name)
@@ -117,7 +117,7 @@ def stray_env(system: System) -> Verdict:
         effect = RULES[name][1] if name in RULES else _FILE_ONLY[name]
         files = [s for s in hits if s.source != PROCESS]
         shown = files or hits
-        verdict.findings.append(
+        reading.findings.append(
             Finding(
                 10,
                 f"{name}={hits[0].value} set in {', '.join(s.where() for s in shown)}",
@@ -126,4 +126,4 @@ def stray_env(system: System) -> Verdict:
                 tuple(dict.fromkeys(_fix(s) for s in shown)),
             )
         )
-    return verdict
+    return reading

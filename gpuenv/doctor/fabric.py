@@ -12,7 +12,7 @@ import re
 
 from gpuenv.doctor import pci
 from gpuenv.doctor.driver import loaded_module
-from gpuenv.doctor.findings import Finding, Verdict, skipped
+from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
 from gpuenv.floor.nvidia_hw import fabric_states, fabric_unhealthy
 
@@ -34,7 +34,7 @@ def fm_version(system: System) -> tuple[str | None, str]:
     return None, ""
 
 
-def fabric_manager(system: System) -> Verdict:
+def fabric_manager(system: System) -> ClassReading:
     switches = [d for d in pci.devices(system) if d.is_nvswitch]
     if not switches:
         return skipped(2, "no NVSwitch on the PCI bus")
@@ -55,10 +55,10 @@ def fabric_manager(system: System) -> Verdict:
         "service": service.stdout.strip() or None,
         "fabric": [list(s) for s in states],
     }
-    verdict = Verdict(2, facts=facts)
+    reading = ClassReading(2, facts=facts)
     branch = module.version.split(".")[0]
     if version is None:
-        verdict.findings.append(
+        reading.findings.append(
             Finding(
                 2,
                 "Fabric Manager is not installed on an NVSwitch system",
@@ -70,7 +70,7 @@ def fabric_manager(system: System) -> Verdict:
                  "&& systemctl enable --now nvidia-fabricmanager",),
             )
         )  # fmt: skip
-        return verdict
+        return reading
     active = facts["service"]
     bad = fabric_unhealthy(states)
     down = []
@@ -79,7 +79,7 @@ def fabric_manager(system: System) -> Verdict:
     down += [f"nvidia-smi -q: GPU {g} fabric State {st}, Status {su}" for g, st, su in bad]
     if version != module.version:
         # The mismatch is the cause; the fabric being down is its consequence (evidence).
-        verdict.findings.append(
+        reading.findings.append(
             Finding(
                 2,
                 f"Fabric Manager {version} != driver {module.version}",
@@ -92,7 +92,7 @@ def fabric_manager(system: System) -> Verdict:
             )
         )  # fmt: skip
     elif down:
-        verdict.findings.append(
+        reading.findings.append(
             Finding(
                 2,
                 "NVSwitch fabric is not up"
@@ -104,4 +104,4 @@ def fabric_manager(system: System) -> Verdict:
                  "journalctl -u nvidia-fabricmanager -b; cat /var/log/fabricmanager.log"),
             )
         )  # fmt: skip
-    return verdict
+    return reading

@@ -1,8 +1,8 @@
 """What `gpuenv doctor` concludes: a Finding names a cause, its evidence and the fix commands.
 
-Each diagnosis class (the table ``CLASSES``) gives one ``Verdict`` per node: its findings, or
+Each diagnosis class (the table ``CLASSES``) gives one ``ClassReading`` per node: its findings, or
 the reason it does not apply or could not be read (``skip``), and the facts it read (the
-cross-node comparison and the JSON report use them). ``to_result`` maps a Verdict to the one
+cross-node comparison and the JSON report use them). ``to_result`` maps a ClassReading to the one
 ``Result`` per class and node that every report writer understands.
 """
 
@@ -76,7 +76,7 @@ class Finding:
 
 
 @dataclass
-class Verdict:
+class ClassReading:
     cls: int
     findings: list[Finding] = field(default_factory=list)
     skip: str = ""  # why the class does not apply or could not be read
@@ -93,24 +93,24 @@ class Verdict:
         return BY_NUMBER[self.cls].name
 
 
-def skipped(cls: int, why: str, **facts: Any) -> Verdict:
-    return Verdict(cls, skip=why, facts=dict(facts))
+def skipped(cls: int, why: str, **facts: Any) -> ClassReading:
+    return ClassReading(cls, skip=why, facts=dict(facts))
 
 
-def to_result(node: str, verdict: Verdict) -> Result:
-    check = f"doctor.{verdict.name}"
+def to_result(node: str, reading: ClassReading) -> Result:
+    check = f"doctor.{reading.name}"
     details: dict[str, Any] = {
-        "class": verdict.cls,
-        "findings": [f.to_dict() for f in verdict.findings],
-        "facts": verdict.facts,
+        "class": reading.cls,
+        "findings": [f.to_dict() for f in reading.findings],
+        "facts": reading.facts,
     }
-    if verdict.error:
-        status, reason = Status.ERROR, verdict.error
-    elif verdict.skip:
-        status, reason = Status.SKIP, verdict.skip
-    elif verdict.findings:
+    if reading.error:
+        status, reason = Status.ERROR, reading.error
+    elif reading.skip:
+        status, reason = Status.SKIP, reading.skip
+    elif reading.findings:
         status = Status.FAIL
-        reason = "; ".join(f.title for f in verdict.findings)
+        reason = "; ".join(f.title for f in reading.findings)
     else:
         status, reason = Status.PASS, ""
     return Result(
@@ -118,20 +118,20 @@ def to_result(node: str, verdict: Verdict) -> Result:
         node=node,
         status=status,
         reason=reason,
-        duration_s=round(verdict.duration_s, 3),
+        duration_s=round(reading.duration_s, 3),
         details=details,
     )
 
 
-def from_result(result: Result) -> Verdict | None:
-    """The Verdict a node's Result carries (None: not a doctor result)."""
+def from_result(result: Result) -> ClassReading | None:
+    """The ClassReading a node's Result carries (None: not a doctor result)."""
     known = BY_CHECK.get(result.check)
     if known is None:
         return None
     findings = [Finding.from_dict(f) for f in result.details.get("findings", [])]
     skip = result.reason if result.status is Status.SKIP else ""
     error = result.reason if result.status is Status.ERROR else ""
-    return Verdict(
+    return ClassReading(
         known.number,
         findings=[] if skip else findings,
         skip=skip,

@@ -3,7 +3,7 @@
 Each node runs ``<its python> -m gpuenv doctor --json - --node NAME --address ADDR`` over the
 transport ``gpuenv cluster`` uses (fabric with verified host keys, or local process groups),
 under one deadline. Its JSON report carries every class's findings and facts; the controller
-rebuilds the verdicts, runs the cross-node comparison (classes 7 and 9) and returns one
+rebuilds the readings, runs the cross-node comparison (classes 7 and 9) and returns one
 Result per class and node, plus an ERROR per node that gave no report.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from gpuenv.cluster.fanout import Outcome, fan_out
 from gpuenv.cluster.inventory import Host
-from gpuenv.doctor import engine
-from gpuenv.doctor.findings import Verdict, from_result, to_result
+from gpuenv.doctor import diagnosis
+from gpuenv.doctor.findings import ClassReading, from_result, to_result
 from gpuenv.progress import Progress
 from gpuenv.results import Result, RunReport, Status
 
@@ -71,7 +71,7 @@ def diagnose(
         label="doctor",
         progress=progress,
     )
-    by_node: dict[str, list[Verdict]] = {}
+    by_node: dict[str, list[ClassReading]] = {}
     fleet = Fleet(outcomes=outcomes)
     failed: list[Result] = []
     for host in hosts:
@@ -82,8 +82,8 @@ def diagnose(
             failed.append(Result("doctor", host.name, Status.ERROR, f"no doctor report: {exc}"))
             continue
         by_node[host.name] = [v for r in report.results if (v := from_result(r)) is not None]
-    engine.compare(by_node)
-    for node, verdicts in by_node.items():
-        fleet.results += [to_result(node, v) for v in verdicts]
+    diagnosis.compare(by_node)
+    for node, readings in by_node.items():
+        fleet.results += [to_result(node, v) for v in readings]
     fleet.results += failed
     return fleet

@@ -27,7 +27,7 @@ from typing import Any
 
 from gpuenv.doctor.driver import ld_cache
 from gpuenv.doctor.envvars import PROCESS, global_settings
-from gpuenv.doctor.findings import Finding, Verdict, skipped
+from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
 
 _VERSION_RE = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)")
@@ -154,7 +154,7 @@ def _where_ldlp(system: System) -> str:
     return ", ".join(files) if files else PROCESS
 
 
-def nccl_libraries(system: System) -> Verdict:
+def nccl_libraries(system: System) -> ClassReading:
     libs = find_libraries(system)
     loaded = probe_frameworks(system)
     frameworks = {
@@ -179,7 +179,7 @@ def nccl_libraries(system: System) -> Verdict:
         "system": ",".join(system_versions) or None,
         "plugins": find_plugins(system, libs),
     }
-    verdict = Verdict(9, facts=facts)
+    reading = ClassReading(9, facts=facts)
     listing = [f"{lib['file']} ({lib['version']}, via {lib['via']})" for lib in libs]
     listing += [
         f"{name} loads {', '.join(info.get('paths', [])) or '?'} (NCCL {info['version']})"
@@ -189,7 +189,7 @@ def nccl_libraries(system: System) -> Verdict:
     others = [lib for lib in libs if not lib["via"].startswith("LD_LIBRARY_PATH")]
     if ldlp and others:
         folders = sorted({lib["via"].split(" ", 1)[1] for lib in ldlp})
-        verdict.findings.append(
+        reading.findings.append(
             Finding(
                 9,
                 f"a second NCCL in LD_LIBRARY_PATH ({', '.join(lib['file'] for lib in ldlp)})",
@@ -209,7 +209,7 @@ def nccl_libraries(system: System) -> Verdict:
         )
     versions = {name: info["version"] for name, info in frameworks.items()}
     if len(set(versions.values())) > 1:
-        verdict.findings.append(
+        reading.findings.append(
             Finding(
                 9,
                 "torch and CuPy load different NCCL versions: "
@@ -221,7 +221,7 @@ def nccl_libraries(system: System) -> Verdict:
             )
         )  # fmt: skip
     if len(cached) > 1:
-        verdict.findings.append(
+        reading.findings.append(
             Finding(
                 9,
                 f"{len(cached)} NCCL libraries in the ld cache: "
@@ -232,7 +232,7 @@ def nccl_libraries(system: System) -> Verdict:
                  "its /etc/ld.so.conf.d entry, then run ldconfig",),
             )
         )  # fmt: skip
-    return verdict
+    return reading
 
 
 def _odd(values: Mapping[str, Any]) -> tuple[Any, list[str]]:
@@ -246,9 +246,9 @@ def _odd(values: Mapping[str, Any]) -> tuple[Any, list[str]]:
     return json.loads(top), [k for k, v in values.items() if json.dumps(v, sort_keys=True) != top]
 
 
-def compare(verdicts: Mapping[str, Verdict]) -> None:
+def compare(readings: Mapping[str, ClassReading]) -> None:
     """Add, on each node that differs from the others, a finding naming the difference."""
-    live = {n: v for n, v in verdicts.items() if "system" in v.facts}
+    live = {n: v for n, v in readings.items() if "system" in v.facts}
     if len(live) < 2:
         return
     for key, what in (

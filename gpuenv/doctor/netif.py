@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 
 from gpuenv.doctor.envvars import effective, global_settings
-from gpuenv.doctor.findings import Finding, Verdict, skipped
+from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
 
 
@@ -47,7 +47,7 @@ def _resolve(system: System, address: str) -> str | None:
     return words[0] if words else None
 
 
-def socket_ifname(system: System, address: str | None) -> Verdict:
+def socket_ifname(system: System, address: str | None) -> ClassReading:
     if not address:
         return skipped(8, "no inventory address: pass --address ADDR, or run with -i")
     ip = _resolve(system, address)
@@ -65,9 +65,9 @@ def socket_ifname(system: System, address: str | None) -> Verdict:
         "interface": holder,
         "nccl_socket_ifname": setting.value if setting else None,
     }
-    verdict = Verdict(8, facts=facts)
+    reading = ClassReading(8, facts=facts)
     if holder is None:
-        verdict.findings.append(
+        reading.findings.append(
             Finding(
                 8,
                 f"inventory address {ip} is on no interface of this node",
@@ -78,11 +78,11 @@ def socket_ifname(system: System, address: str | None) -> Verdict:
                  "an address from `ip -o addr show`",),
             )
         )  # fmt: skip
-        return verdict
+        return reading
     if setting is None or selects(setting.value, holder):
-        return verdict
+        return reading
     chosen = [i for i in ifaces if selects(setting.value, i)]
-    verdict.findings.append(
+    reading.findings.append(
         Finding(
             8,
             f"NCCL_SOCKET_IFNAME={setting.value} does not select {holder}, which holds {ip}",
@@ -100,4 +100,4 @@ def socket_ifname(system: System, address: str | None) -> Verdict:
             ),
         )
     )
-    return verdict
+    return reading

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from gpuenv.doctor import pci
 from gpuenv.doctor.driver import loaded_module, version_key
-from gpuenv.doctor.findings import Finding, Verdict, skipped
+from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
 
 _FIXES = (
@@ -37,7 +37,7 @@ def rdma_mode(system: System) -> tuple[str, list[str]]:
     return "off", evidence
 
 
-def gpudirect_rdma(system: System) -> Verdict:
+def gpudirect_rdma(system: System) -> ClassReading:
     hcas = system.listdir("/sys/class/infiniband")
     if not hcas:
         # a fact for the comparison: on a cluster whose other nodes have RDMA, it is a fault
@@ -47,9 +47,9 @@ def gpudirect_rdma(system: System) -> Verdict:
     if loaded_module(system) is None:
         return skipped(7, "no NVIDIA kernel module loaded")
     mode, evidence = rdma_mode(system)
-    verdict = Verdict(7, facts={"mode": mode, "rdma_devices": hcas})
+    reading = ClassReading(7, facts={"mode": mode, "rdma_devices": hcas})
     if mode == "off":
-        verdict.findings.append(
+        reading.findings.append(
             Finding(
                 7,
                 "GPUDirect RDMA is off (no nvidia_peermem, no dma-buf)",
@@ -59,19 +59,19 @@ def gpudirect_rdma(system: System) -> Verdict:
                 _FIXES,
             )
         )
-    return verdict
+    return reading
 
 
-def compare(verdicts: Mapping[str, Verdict]) -> None:
+def compare(readings: Mapping[str, ClassReading]) -> None:
     """Name, on each node without GPUDirect RDMA (or without any RDMA device), the nodes that
     have it."""
-    modes = {n: v.facts.get("mode") for n, v in verdicts.items()}
+    modes = {n: v.facts.get("mode") for n, v in readings.items()}
     on = sorted(n for n, m in modes.items() if m in ("peermem", "dma-buf"))
     if not on:
         return
     peers = ", ".join(f"{n} ({modes[n]})" for n in on)
     for node, mode in modes.items():
-        v = verdicts[node]
+        v = readings[node]
         if mode == "off":
             v.findings = [
                 Finding(

@@ -28,8 +28,8 @@ def lines(results: Sequence[Result], wall_s: float, verbose: bool = False) -> li
             if r.status is not Status.FAIL:
                 out.append(f"{r.status.value:5} {node} [{_label(r)}] {r.reason}".rstrip())
                 continue
-            verdict = from_result(r)
-            for f in verdict.findings if verdict else []:
+            reading = from_result(r)
+            for f in reading.findings if reading else []:
                 out.append(f"FAIL  {node} [{_label(r)}] {f.title}")
                 out.append(f"      cause:    {f.cause}")
                 out += [f"      evidence: {e}" for e in f.evidence]
@@ -39,9 +39,9 @@ def lines(results: Sequence[Result], wall_s: float, verbose: bool = False) -> li
     failed = [r for r in results if r.status.failed]
     findings = sum(len(r.details.get("findings", [])) for r in failed if r.status is Status.FAIL)
     errors = sum(r.status is Status.ERROR for r in failed)
-    verdict = "FINDINGS" if failed else "CLEAN"
+    reading = "FINDINGS" if failed else "CLEAN"
     out.append(
-        f"verdict: {verdict}  {findings} finding(s), {errors} error(s) on "
+        f"reading: {reading}  {findings} finding(s), {errors} error(s) on "
         f"{len({r.node for r in failed})} of {len(nodes)} node(s) in {wall_s:.1f}s"
     )
     return out

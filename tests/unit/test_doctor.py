@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv.doctor import engine
-from gpuenv.doctor.findings import CLASSES, Verdict, from_result, to_result
+from gpuenv.doctor import diagnosis
+from gpuenv.doctor.findings import CLASSES, ClassReading, from_result, to_result
 from gpuenv.doctor.system import fixture
 from gpuenv.results import Status
 
@@ -42,8 +42,8 @@ def node(tmp_path: Path, fault: str | None = None, name: str = "node") -> Path:
     return root
 
 
-def diagnose(root: Path, address: str | None = ADDRESS) -> dict[int, Verdict]:
-    return {v.cls: v for v in engine.diagnose(fixture(root), address)}
+def diagnose(root: Path, address: str | None = ADDRESS) -> dict[int, ClassReading]:
+    return {v.cls: v for v in diagnosis.diagnose(fixture(root), address)}
 
 
 FAULTS = sorted(p.name for p in (FIXTURES / "faults").iterdir())
@@ -54,9 +54,9 @@ def test_every_class_has_a_fault_fixture():
 
 
 def test_clean_node_has_no_finding(tmp_path):
-    verdicts = diagnose(node(tmp_path))
-    assert len(verdicts) == len(CLASSES)
-    for v in verdicts.values():
+    readings = diagnose(node(tmp_path))
+    assert len(readings) == len(CLASSES)
+    for v in readings.values():
         assert not v.findings, (v.cls, v.findings)
         assert not v.skip and not v.error, (v.cls, v.skip, v.error)
 
@@ -83,8 +83,8 @@ EXPECT = {
 @pytest.mark.parametrize("fault", FAULTS)
 def test_fault_gives_one_finding_with_evidence_and_fix(tmp_path, fault):
     number = int(fault.split("-")[0])
-    verdicts = diagnose(node(tmp_path, fault))
-    findings = verdicts[number].findings
+    readings = diagnose(node(tmp_path, fault))
+    findings = readings[number].findings
     assert len(findings) == 1, findings
     title, evidence, fix = EXPECT[number]
     f = findings[0]
@@ -92,7 +92,7 @@ def test_fault_gives_one_finding_with_evidence_and_fix(tmp_path, fault):
     assert any(evidence in e for e in f.evidence), f.evidence
     assert any(fix in x for x in f.fixes), f.fixes
     assert f.cause
-    others = {n: v.findings for n, v in verdicts.items() if n != number and v.findings}
+    others = {n: v.findings for n, v in readings.items() if n != number and v.findings}
     assert not others, others
 
 
@@ -128,12 +128,12 @@ def test_missing_tools_and_files_skip_with_reason(tmp_path):
         (root / "cmd" / f"{name}.out").unlink()
     (root / "proc/driver/nvidia/version").unlink()
     (root / "sys/module/nvidia/version").unlink()
-    verdicts = diagnose(root)
+    readings = diagnose(root)
     for number in (1, 2, 4, 6, 7, 8):
-        assert verdicts[number].skip, number
-        assert not verdicts[number].findings
-    assert "lspci" in verdicts[6].skip
-    assert "ip -o addr" in verdicts[8].skip
+        assert readings[number].skip, number
+        assert not readings[number].findings
+    assert "lspci" in readings[6].skip
+    assert "ip -o addr" in readings[8].skip
 
 
 def test_no_address_skips_class_8(tmp_path):
@@ -192,10 +192,10 @@ def test_torch_and_cupy_on_different_nccl_versions(tmp_path):
 
 def _cluster(tmp_path, faults):
     by_node = {
-        name: engine.diagnose(fixture(node(tmp_path, fault, name)), ADDRESS)
+        name: diagnosis.diagnose(fixture(node(tmp_path, fault, name)), ADDRESS)
         for name, fault in faults.items()
     }
-    engine.compare(by_node)
+    diagnosis.compare(by_node)
     return {n: {v.cls: v for v in vs} for n, vs in by_node.items()}
 
 
@@ -212,8 +212,8 @@ def test_cross_node_net_plugin_on_some_nodes_only(tmp_path):
     (roots["n2"] / "usr/lib/x86_64-linux-gnu/libnccl-net.so").unlink()
     cache = roots["n2"] / "cmd/ldconfig-p.out"
     cache.write_text("".join(ln for ln in cache.read_text().splitlines(True) if "-net" not in ln))
-    by_node = {n: engine.diagnose(fixture(r), ADDRESS) for n, r in roots.items()}
-    engine.compare(by_node)
+    by_node = {n: diagnosis.diagnose(fixture(r), ADDRESS) for n, r in roots.items()}
+    diagnosis.compare(by_node)
     nccl = {n: next(v for v in vs if v.cls == 9) for n, vs in by_node.items()}
     assert not nccl["n1"].findings and not nccl["n3"].findings
     (f,) = nccl["n2"].findings
@@ -229,14 +229,14 @@ def test_cross_node_torch_nccl_version_differs(tmp_path):
 
 
 def test_results_round_trip_for_the_controller(tmp_path):
-    verdicts = engine.diagnose(fixture(node(tmp_path, "10-stray-env")), ADDRESS)
-    results = engine.results("n1", verdicts)
+    readings = diagnosis.diagnose(fixture(node(tmp_path, "10-stray-env")), ADDRESS)
+    results = diagnosis.results("n1", readings)
     assert len(results) == len(CLASSES)
     by_check = {r.check: r for r in results}
     stray = by_check["doctor.stray-env"]
     assert stray.status is Status.FAIL and "NCCL_P2P_DISABLE=1" in stray.reason
     back = from_result(type(stray).from_dict(stray.to_dict()))
-    assert back is not None and back.findings == verdicts[-1].findings
+    assert back is not None and back.findings == readings[-1].findings
     assert to_result("n1", back).to_dict() == stray.to_dict()
 
 
@@ -247,7 +247,7 @@ def test_a_reader_that_raises_is_an_error_not_a_pass(tmp_path, monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(envvars, "stray_env", broken)
-    (v,) = engine.diagnose(fixture(node(tmp_path)), ADDRESS, only=[10])
+    (v,) = diagnosis.diagnose(fixture(node(tmp_path)), ADDRESS, only=[10])
     assert v.error == "reader failed: RuntimeError: boom"
     assert to_result("n", v).status is Status.ERROR
 
@@ -411,8 +411,8 @@ def test_another_modules_refusal_is_not_blamed_on_a_loaded_nvidia(tmp_path):
 def test_cross_node_a_node_without_any_rdma_device_is_named(tmp_path):
     roots = {n: node(tmp_path, None, n) for n in ("n1", "n2", "n3")}
     (roots["n3"] / "sys/class/infiniband/mlx5_0").unlink()
-    by_node = {n: engine.diagnose(fixture(r), ADDRESS) for n, r in roots.items()}
-    engine.compare(by_node)
+    by_node = {n: diagnosis.diagnose(fixture(r), ADDRESS) for n, r in roots.items()}
+    diagnosis.compare(by_node)
     rdma = {n: next(v for v in vs if v.cls == 7) for n, vs in by_node.items()}
     (f,) = rdma["n3"].findings
     assert not rdma["n3"].skip
@@ -427,10 +427,10 @@ def test_cross_node_a_node_without_any_nccl_is_named(tmp_path):
                  "opt/gpuenv/lib/python3.10/site-packages/nvidia/nccl/lib/libnccl.so.2",
                  "cmd/python-nccl.out"):  # fmt: skip
         (r / path).unlink()
-    alone = engine.diagnose(fixture(r), ADDRESS, only=[9])[0]
+    alone = diagnosis.diagnose(fixture(r), ADDRESS, only=[9])[0]
     assert alone.skip.startswith("no NCCL on this node")
-    by_node = {n: engine.diagnose(fixture(x), ADDRESS, only=[9]) for n, x in roots.items()}
-    engine.compare(by_node)
+    by_node = {n: diagnosis.diagnose(fixture(x), ADDRESS, only=[9]) for n, x in roots.items()}
+    diagnosis.compare(by_node)
     v = by_node["n1"][0]
     assert not v.skip
     titles = [f.title for f in v.findings]

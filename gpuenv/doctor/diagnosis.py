@@ -1,4 +1,4 @@
-"""Run the diagnosis classes on one node, compare nodes, and turn verdicts into Results.
+"""Run the diagnosis classes on one node, compare nodes, and turn their readings into Results.
 
 ``diagnose`` runs each class's reader against a ``System`` (one node, real or a fixture);
 a reader that raises gives that class an ERROR naming the exception, never a PASS.
@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from gpuenv.doctor import acs, driver, envvars, fabric, nccl, netif, rdma
-from gpuenv.doctor.findings import CLASSES, Verdict, to_result
+from gpuenv.doctor.findings import CLASSES, ClassReading, to_result
 from gpuenv.doctor.system import System
 from gpuenv.results import Result
 
-Reader = Callable[[System], Verdict]
+Reader = Callable[[System], ClassReading]
 
 
 def readers(address: str | None) -> dict[int, Reader]:
@@ -36,29 +36,29 @@ def readers(address: str | None) -> dict[int, Reader]:
 
 def diagnose(
     system: System, address: str | None = None, only: Sequence[int] | None = None
-) -> list[Verdict]:
-    verdicts = []
+) -> list[ClassReading]:
+    readings = []
     for number, reader in readers(address).items():
         if only and number not in only:
             continue
         start = time.monotonic()
         try:
-            verdict = reader(system)
+            reading = reader(system)
         except Exception as exc:  # a reader's bug must not hide the other classes
-            verdict = Verdict(number, error=f"reader failed: {type(exc).__name__}: {exc}")
-        verdict.duration_s = time.monotonic() - start
-        verdicts.append(verdict)
-    return verdicts
+            reading = ClassReading(number, error=f"reader failed: {type(exc).__name__}: {exc}")
+        reading.duration_s = time.monotonic() - start
+        readings.append(reading)
+    return readings
 
 
-def compare(by_node: Mapping[str, Sequence[Verdict]]) -> None:
+def compare(by_node: Mapping[str, Sequence[ClassReading]]) -> None:
     """The cross-node step, in place: classes 7 (GPUDirect RDMA) and 9 (NCCL libraries)."""
     for number, step in ((7, rdma.compare), (9, nccl.compare)):
         step({n: v for n, vs in by_node.items() for v in vs if v.cls == number and not v.error})
 
 
-def results(node: str, verdicts: Sequence[Verdict]) -> list[Result]:
-    return [to_result(node, v) for v in verdicts]
+def results(node: str, readings: Sequence[ClassReading]) -> list[Result]:
+    return [to_result(node, v) for v in readings]
 
 
 def class_numbers(text: str) -> list[int]:
