@@ -306,3 +306,16 @@ def capture(
         kill_session(child.pid, grace_s=0.0, reap=child.poll)
         raise
     return Captured(child.returncode, out, err)
+
+
+def command_output(
+    argv: Sequence[str], timeout_s: float = 60.0, env: Mapping[str, str] | None = None
+) -> tuple[int, str]:
+    """A node reader's ``run`` (the node floor's contract, plugins/module_utils/node.py): the
+    exit status and standard output of a short command under a deadline; 124 when it ran past
+    the deadline and was killed, 127 when it could not be started (coreutils' timeout's codes)."""
+    try:
+        done = capture(argv, timeout_s, {**os.environ, "LC_ALL": "C", **(env or {})})
+    except OSError:
+        return 127, ""
+    return (124 if done.returncode is None else done.returncode), done.stdout

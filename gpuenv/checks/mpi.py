@@ -1,9 +1,10 @@
 """`mpi`: mpi4py Bcast, Gather and Allreduce across ranks, with CuPy buffers on GPUs.
 
-CuPy device buffers are handed to MPI only when Open MPI was built CUDA-aware
-(``ompi_info``: mpi_built_with_cuda_support true); otherwise an MPI library reads a
-device pointer as host memory and the rank dies with a segmentation fault, so the
-buffers are staged through host memory. On a host without GPUs, numpy buffers.
+CuPy device buffers are handed to MPI only when Open MPI is CUDA-aware by the node floor's one
+rule (gpuenv.floor.ompi: built with CUDA support and not switched off at run time, the rule the
+role's fact ``mpi_cuda_aware`` follows too); otherwise an MPI library reads a device pointer as
+host memory and the rank dies with a segmentation fault, so the buffers are staged through host
+memory. On a host without GPUs, numpy buffers.
 Unlike the seed document, every rank's Gather part has the same length, the device is
 synchronised before MPI reads a buffer, and every result is compared with the truth.
 """
@@ -19,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuenv import proc
 from gpuenv.checks import ranklog
 from gpuenv.checks.base import (
     Context,
@@ -28,6 +30,7 @@ from gpuenv.checks.base import (
     rank_problems,
     verdict,
 )
+from gpuenv.floor import ompi
 from gpuenv.results import Measurement, Result
 
 NAME = "mpi"
@@ -55,36 +58,13 @@ def world(ctx: Context, node: NodeInfo) -> int:
     return max(MIN_RANKS, len(node.gpus))
 
 
-def _ompi_info() -> str:
-    if shutil.which("ompi_info") is None:
-        return ""
-    try:
-        done = subprocess.run(
-            ["ompi_info", "--parsable", "--all"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout
-
-
-def cuda_aware(ompi_info_output: str) -> bool:
-    """True when Open MPI reports it was built with CUDA support (and it is not disabled)."""
-    values = {}
-    for line in ompi_info_output.splitlines():
-        parts = line.split(":")
-        if len(parts) >= 7 and parts[5] == "value":
-            values[parts[4]] = parts[6].strip()
-    built = values.get("mpi_built_with_cuda_support") == "true"
-    enabled = values.get("mpi_cuda_support", values.get("opal_cuda_support", "true")) == "true"
-    return built and enabled
-
-
 def choose_path(has_gpu: bool) -> str:
     """How buffers reach MPI. Asked by rank 0 before the gate: ``ompi_info --all`` takes about
     a second, which the parent would otherwise spend before it can start the next launcher."""
     if not has_gpu:
         return "numpy"
-    return "cuda-aware" if cuda_aware(_ompi_info()) else "host-staging"
+    found = ompi.read(proc.command_output)
+    return "cuda-aware" if found is not None and found["cuda_aware"] else "host-staging"
 
 
 def _is_open_mpi() -> bool:

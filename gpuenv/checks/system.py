@@ -16,6 +16,8 @@ from typing import Any
 
 from gpuenv.checks.base import Context, NodeInfo, Placement, measurement, module_version
 from gpuenv.checks.ranklog import RankContext
+from gpuenv.floor import pci
+from gpuenv.floor.pci import normal_bus_id
 from gpuenv.results import Measurement, Result, Status
 
 NAME = "system"
@@ -25,39 +27,13 @@ DESCRIPTION = (
 PLACEMENT = Placement.PROBE
 
 ROOT_ENV = "GPUENV_ROOT"
-NVIDIA_VENDOR = "0x10de"
-# PCI class codes of a GPU: VGA-compatible (0x0300) and 3D (0x0302) display controllers.
-GPU_CLASSES = ("0x0300", "0x0302")
 
 
 def pci_gpus(root: str | os.PathLike[str] | None = None) -> list[str] | None:
-    """PCI addresses of the NVIDIA GPUs on the bus; None when the bus cannot be read."""
-    base = Path(root if root is not None else os.environ.get(ROOT_ENV, "/"))
-    devices = base / "sys/bus/pci/devices"
-    if not devices.is_dir():
-        return None
-    found = []
-    for dev in sorted(devices.iterdir()):
-        try:
-            vendor = (dev / "vendor").read_text().strip().lower()
-            klass = (dev / "class").read_text().strip().lower()
-        except OSError:
-            continue
-        if vendor == NVIDIA_VENDOR and klass[:6] in GPU_CLASSES:
-            found.append(normal_bus_id(dev.name))
-    return found
-
-
-def normal_bus_id(bus_id: str) -> str:
-    """``00000000:17:00.0`` (NVML) and ``0000:17:00.0`` (sysfs) both become ``0000:17:00.0``."""
-    text = bus_id.strip().lower()
-    domain, _, rest = text.partition(":")
-    if not rest:
-        return text
-    try:
-        return f"{int(domain, 16):04x}:{rest}"
-    except ValueError:
-        return text
+    """PCI addresses of the NVIDIA GPUs on the bus (the node floor's rule, gpuenv.floor.pci);
+    None when the bus cannot be read."""
+    found = pci.gpus(str(root if root is not None else os.environ.get(ROOT_ENV, "/")))
+    return None if found is None else [normal_bus_id(d.bdf) for d in found]
 
 
 def _call(fn: Any, *args: Any) -> Any:

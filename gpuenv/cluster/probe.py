@@ -20,6 +20,10 @@ import time
 from importlib import metadata
 from typing import Any
 
+from gpuenv import proc
+from gpuenv.floor import net
+from gpuenv.floor.node import package_versions
+
 # Distributions whose versions must agree across nodes (the Python stack of the jobs).
 PACKAGES = (
     "gpuenv", "torch", "numpy", "mpi4py", "nvidia-ml-py", "cupy-cuda12x", "cupy-cuda13x",
@@ -95,9 +99,9 @@ def _toolkits() -> dict[str, str]:
     mpirun = _run(["mpirun", "--version"])
     if mpirun and (m := re.search(r"Open MPI\)?\s*([0-9][0-9.]*)", mpirun)):
         facts["openmpi"] = m.group(1)
-    nccl = _run(["dpkg-query", "-W", "-f", "${Version}", "libnccl2"])
+    nccl = package_versions(proc.command_output, ["libnccl2"]).get("libnccl2")
     if nccl:
-        facts["nccl.system"] = nccl.strip()
+        facts["nccl.system"] = nccl
     return facts
 
 
@@ -115,47 +119,19 @@ def _nccl_env() -> dict[str, str]:
     return facts
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
-def _default_route_iface() -> str | None:
-    """The interface of the default route (/proc/net/route), which carries the bootstrap."""
-    text = _read("/proc/net/route") or ""
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) > 1 and fields[1] == "00000000":
-            return fields[0]
-    return None
-
-
-def links(sys_root: str = "/sys") -> dict[str, Any]:
+def links(root: str = "/") -> dict[str, Any]:
     """What the network of this node can carry: active InfiniBand/RoCE ports with their rate,
-    and the speed of the default route's NIC. Bandwidth floors across nodes come from these."""
-    from gpuenv.checks.nccl_log import ib_rate_gbps, nic_speed_gbps
-
-    active, rates = [], []
-    ib = os.path.join(sys_root, "class/infiniband")
-    for dev in sorted(os.listdir(ib)) if os.path.isdir(ib) else []:
-        ports = os.path.join(ib, dev, "ports")
-        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
-            state = _read(os.path.join(ports, port, "state")) or ""
-            if "ACTIVE" in state:
-                active.append(f"{dev}/{port}")
-                rate = ib_rate_gbps(_read(os.path.join(ports, port, "rate")) or "")
-                if rate:
-                    rates.append(rate)
-    out: dict[str, Any] = {"ib.active_ports": active}
+    and the speed of the default route's NIC (the node floor's readings, gpuenv.floor.net).
+    Bandwidth floors across nodes come from these."""
+    active = [p for p in net.rdma_ports(root) if p.active]
+    rates = [r for r in (p.rate_gbytes for p in active) if r]
+    out: dict[str, Any] = {"ib.active_ports": [p.name for p in active]}
     if rates:
         out["ib.rate_gbps"] = min(rates)
-    iface = _default_route_iface()
+    iface = net.default_route_interface(root)
     if iface:
         out["net.iface"] = iface
-        speed = nic_speed_gbps(_read(os.path.join(sys_root, "class/net", iface, "speed")) or "")
+        speed = net.interface_speed(root, iface)
         if speed:
             out["net.speed_gbps"] = speed
     return out
@@ -170,10 +146,7 @@ def facts() -> dict[str, Any]:
         **_toolkits(),
         **_nccl_env(),
     }
-    try:
-        interfaces = sorted(os.listdir("/sys/class/net"))
-    except OSError:
-        interfaces = [name for _, name in socket.if_nameindex()]
+    interfaces = net.interfaces() or sorted(name for _, name in socket.if_nameindex())
     return {
         "hostname": socket.gethostname(),
         "python_executable": sys.executable,

@@ -10,8 +10,10 @@
    one drives everything up to Ada/Hopper, not Blackwell nor Grace Hopper. GPU generations by
    PCI device ID come from nvidia_hw, the table the collection's roles read too.
 4. With Secure Boot on, an unsigned module is refused (kernel log) or taints the kernel.
-5. The kernel the next boot starts (grubenv's saved entry, else the ``/boot/vmlinuz`` link,
-   else the newest ``/boot/vmlinuz-*``) must have an ``nvidia.ko`` under ``/lib/modules``.
+5. The kernel the next boot starts must have an NVIDIA module (``nvidia.ko``, or Debian's
+   ``nvidia-current.ko``) under ``/lib/modules``.
+Secure Boot, the next-boot kernel and the module files are the node floor's readings
+(gpuenv.floor.boot, the rules the driver role's preflight applies too).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from gpuenv.doctor import pci
 from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
+from gpuenv.floor import boot
 from gpuenv.floor.nvidia_hw import generation
 
 _MODULE_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
@@ -260,27 +263,12 @@ def module_flavour(system: System) -> ClassReading:
     return reading
 
 
-_SB_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
 _KLOG_RE = re.compile(
     r"module verification failed|Loading of (?:unsigned )?module (?:with unavailable key )?is "
     r"rejected|"
     r"Lockdown:.*unsigned module|Key was rejected by service|Required key not available",
     re.IGNORECASE,
 )
-
-
-def secure_boot_state(system: System) -> tuple[bool | None, str]:
-    out = system.run("mokutil-sb-state", ["mokutil", "--sb-state"])
-    text = (out.stdout + out.stderr).strip()
-    if "SecureBoot enabled" in text:
-        return True, "mokutil --sb-state: SecureBoot enabled"
-    if "SecureBoot disabled" in text:
-        return False, "mokutil --sb-state: SecureBoot disabled"
-    for path in system.glob(f"/sys/firmware/efi/efivars/SecureBoot-{_SB_GUID}"):
-        data = system.read_bytes(path)
-        if data and len(data) >= 5:  # 4 bytes of attributes, then the value
-            return data[4] == 1, f"{path}: {data[4]}"
-    return None, ""
 
 
 def kernel_log(system: System) -> tuple[list[str] | None, str]:
@@ -294,11 +282,12 @@ def kernel_log(system: System) -> tuple[list[str] | None, str]:
 
 
 def secure_boot(system: System) -> ClassReading:
-    if not system.exists("/sys/firmware/efi"):
+    state = boot.secure_boot(str(system.root), system.floor_run)
+    if not state.uefi:
         return skipped(4, "not booted through UEFI (no /sys/firmware/efi): no Secure Boot")
-    enabled, sb_evidence = secure_boot_state(system)
+    enabled, sb_evidence = state.enabled, state.evidence
     if enabled is None:
-        return skipped(4, "Secure Boot state unreadable (no mokutil, no SecureBoot efivar)")
+        return skipped(4, f"Secure Boot state unreadable: {sb_evidence}")
     facts = {"secure_boot": enabled}
     if not enabled:
         return ClassReading(4, facts=facts)
@@ -349,32 +338,10 @@ def secure_boot(system: System) -> ClassReading:
     return reading
 
 
-def _modules_for(system: System, kernel: str) -> list[str]:
-    names = ("nvidia.ko", "nvidia.ko.xz", "nvidia.ko.zst", "nvidia.ko.gz")
-    return [p for p in system.walk_files(f"/lib/modules/{kernel}") if p.rsplit("/", 1)[-1] in names]
-
-
-def next_boot_kernel(system: System, installed: list[str]) -> tuple[str | None, str]:
-    env = system.read("/boot/grub/grubenv") or ""
-    for line in env.splitlines():
-        if line.startswith("saved_entry=") and line[12:].strip():
-            entry = line[12:].strip()
-            # saved_entry names a menu entry: its id or title holds the kernel version
-            hits = [k for k in installed if k in entry]
-            if hits:
-                return max(hits, key=len), f"/boot/grub/grubenv: {line.strip()}"
-    link = system.readlink("/boot/vmlinuz")
-    if link and link.rsplit("/", 1)[-1].startswith("vmlinuz-"):
-        return link.rsplit("/", 1)[-1][8:], f"/boot/vmlinuz -> {link}"
-    if installed:
-        newest = max(installed, key=version_key)
-        return newest, f"newest kernel in /boot: vmlinuz-{newest}"
-    return None, ""
-
-
 def next_boot_module(system: System) -> ClassReading:
-    running = (system.read("/proc/sys/kernel/osrelease") or "").strip()
-    installed = [p.rsplit("/", 1)[-1][8:] for p in system.glob("/boot/vmlinuz-*")]
+    root = str(system.root)
+    running = boot.running_kernel(root)
+    installed = boot.installed_kernels(root)
     if not installed:
         return skipped(5, "no kernel image in /boot (container or network boot): next boot unknown")
     if not system.is_dir(f"/lib/modules/{running}"):
@@ -383,18 +350,19 @@ def next_boot_module(system: System) -> ClassReading:
             f"/lib/modules/{running} is missing: the running kernel is not this system's own "
             "(a container, or a VM booted with an external kernel)",
         )
-    if not _modules_for(system, running) and loaded_module(system) is None:
+    running_files = boot.module_files(root, running)
+    if not running_files and loaded_module(system) is None:
         return skipped(5, f"no NVIDIA module installed for the running kernel {running}")
-    nxt, source = next_boot_kernel(system, installed)
-    facts = {"running": running, "next_boot": nxt, "installed": sorted(installed, key=version_key)}
+    nxt, source = boot.next_boot_kernel(root)
+    facts = {"running": running, "next_boot": nxt, "installed": installed, "how": source}
     reading = ClassReading(5, facts=facts)
-    if nxt is None or nxt == running or _modules_for(system, nxt):
+    if nxt == running or boot.module_files(root, nxt):
         return reading
     evidence = [
         source,
-        f"/lib/modules/{nxt}: no nvidia.ko"
+        f"/lib/modules/{nxt}: no nvidia.ko or nvidia-current.ko"
         + ("" if system.is_dir(f"/lib/modules/{nxt}") else " (folder missing)"),
-        f"running kernel {running} has {', '.join(_modules_for(system, running)) or 'it loaded'}",
+        f"running kernel {running} has {', '.join(running_files) or 'it loaded'}",
     ]
     change = last_change(dpkg_log(system), r"^linux-(image|modules)", None)
     if change and nxt in change:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuenv import proc
+from gpuenv.floor.node import command_name, resolve_under
 
 COMMAND_DEADLINE_S = 60.0
 
@@ -139,25 +140,9 @@ class System:
         except OSError:
             return None
 
-    def resolve(self, path: str, hops: int = 16) -> str:
+    def resolve(self, path: str) -> str:
         """Follow symbolic links inside the root (absolute targets stay inside it)."""
-        current = path
-        for _ in range(hops):
-            parts = current.rstrip("/").split("/")
-            for i in range(2, len(parts) + 1):
-                head = "/".join(parts[:i])
-                target = self.readlink(head)
-                if target is None:
-                    continue
-                base = os.path.dirname(head)
-                joined = _norm(target if target.startswith("/") else f"{base}/{target}")
-                if joined == head:
-                    continue  # an overlay root's link to the real folder of the same name
-                current = _norm("/".join([joined, *parts[i:]]))
-                break
-            else:
-                return current
-        return current
+        return resolve_under(str(self.root), path)
 
     def walk_files(self, path: str, limit: int = 50000) -> list[str]:
         """Every file below ``path`` (node paths), at most ``limit``."""
@@ -174,10 +159,13 @@ class System:
     def run(self, name: str, argv: Sequence[str]) -> CmdOut:
         return self.runner(name, argv)
 
-
-def _norm(path: str) -> str:
-    # normpath keeps a leading "//" (POSIX leaves its meaning open); a node path has one "/"
-    return "/" + os.path.normpath(path).lstrip("/")
+    def floor_run(self, argv: list[str], timeout_s: float = COMMAND_DEADLINE_S) -> tuple[int, str]:
+        """The node floor's ``run`` over this System's runner; a fixture answers from
+        ``cmd/<command_name(argv)>.out``. 127: the command could not run. The runner's own
+        deadline applies (``real_runner``'s), not ``timeout_s``."""
+        del timeout_s
+        out = self.runner(command_name(argv), argv)
+        return (127 if out.rc is None else out.rc), out.stdout
 
 
 def fixture(folder: str | Path, env: Mapping[str, str] | None = None) -> System:

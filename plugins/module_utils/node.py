@@ -1,15 +1,20 @@
 # Copyright: gpuenv contributors
 # Apache License 2.0 (see LICENSE)
-"""What the gpuenv modules read on a node: commands under a deadline, dpkg's package states, the
-Python distributions of a prefix, the NVIDIA GPUs on the PCI bus.
+"""The ground floor of every node reader: commands under a deadline, files under a root, dpkg's
+package states and versions, the Python distributions of a prefix.
 
-Runs on the node inside the modules (Python 3.10 and newer: Ubuntu 22.04 to Debian 13).
+Every reader of the floor takes a ``root`` (``/`` on a node, a fixture tree in tests) and a
+``run(argv, timeout_s=...) -> (rc, stdout)``: in a module the module's run_command under coreutils'
+``timeout``; in the gpuenv package a runner over ``gpuenv.proc``; in tests a recorded one
+(``command_name`` names its fixture). Runs on the node inside the modules (Python 3.10 and newer:
+Ubuntu 22.04 to Debian 13).
 """
 
 from __future__ import annotations
 
 import glob
 import importlib.metadata
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -24,9 +29,6 @@ Run = Callable[..., "tuple[int, str]"]
 COMMAND_TIMEOUT_S = 60
 # After the deadline the command gets this many seconds to stop before it is killed.
 KILL_AFTER_S = 5
-
-PCI_DEVICES = "/sys/bus/pci/devices"
-NVIDIA_VENDOR = "0x10de"
 
 
 # The options every reading module has (doc fragment gpuenv.cluster.node).
@@ -74,12 +76,62 @@ def read_text(path: str) -> str | None:
         return None
 
 
+def read_under(root: str, path: str) -> str | None:
+    """The text of a node path seen through ``root``; None when missing, unreadable or not UTF-8."""
+    return read_text(os.path.join(root, path.lstrip("/")))
+
+
+def _norm(path: str) -> str:
+    # normpath keeps a leading "//" (POSIX leaves its meaning open); a node path has one "/"
+    return "/" + os.path.normpath(path).lstrip("/")
+
+
+def resolve_under(root: str, path: str, hops: int = 16) -> str:
+    """A node path with its symbolic links followed inside ``root`` (an absolute target is the
+    node's, so it stays inside the root too); the result is a node path."""
+    current = _norm(path)
+    for _ in range(hops):
+        parts = current.rstrip("/").split("/")
+        for i in range(2, len(parts) + 1):
+            head = "/".join(parts[:i])
+            try:
+                target = os.readlink(os.path.join(root, head.lstrip("/")))
+            except OSError:
+                continue
+            base = os.path.dirname(head)
+            joined = _norm(target if target.startswith("/") else f"{base}/{target}")
+            if joined == head:
+                continue  # an overlay root's link to the real folder of the same name
+            current = _norm("/".join([joined, *parts[i:]]))
+            break
+        else:
+            return current
+    return current
+
+
+def command_name(argv: list[str]) -> str:
+    """A command's name for a recorded answer (``cmd/<name>.out`` in a fixture tree):
+    ``mokutil --sb-state`` is ``mokutil-sb-state``, ``ompi_info --parsable --all`` is
+    ``ompi_info-parsable-all``."""
+    words = [os.path.basename(argv[0])] + [re.sub(r"[^A-Za-z0-9_.]+", "-", a) for a in argv[1:]]
+    return "-".join(w.strip("-") for w in words if w.strip("-"))[:100]
+
+
 def installed(run: Run, packages: list[str]) -> list[str]:
     """The packages of the list that dpkg has installed."""
+    return list(package_versions(run, packages))
+
+
+def package_versions(run: Run, packages: list[str]) -> dict[str, str]:
+    """The installed packages of the list with their versions (dpkg's, epoch included)."""
     if not packages:
-        return []
-    _, out = run(["dpkg-query", "-W", "-f=${Package} ${Status}\n", *packages])
-    return [line.split()[0] for line in out.splitlines() if line.endswith(" ok installed")]
+        return {}
+    _, out = run(["dpkg-query", "-W", "-f=${Package} ${Version} ${Status}\n", *packages])
+    return {
+        line.split()[0]: line.split()[1]
+        for line in out.splitlines()
+        if line.endswith(" ok installed") and len(line.split()) >= 2
+    }
 
 
 def normalize(name: str) -> str:
@@ -97,13 +149,3 @@ def distributions(prefix: str) -> dict[str, tuple[str, str]]:
             if name:
                 found[name] = (dist.version, site)
     return found
-
-
-def pci_gpus(devices: str = PCI_DEVICES) -> int:
-    """NVIDIA (vendor 0x10de) display/3D controllers (class 0x03xx) on the PCI bus."""
-    count = 0
-    for device in glob.glob(devices + "/*"):
-        vendor = (read_text(device + "/vendor") or "").strip()
-        klass = read_text(device + "/class") or ""
-        count += vendor == NVIDIA_VENDOR and klass.startswith("0x03")
-    return count

@@ -85,12 +85,12 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuenv.cluster.plugins.module_utils import pci
 from ansible_collections.gpuenv.cluster.plugins.module_utils.node import (
     Run,
     distributions,
     exit_with_reading,
     installed,
-    pci_gpus,
     read_text,
 )
 
@@ -116,7 +116,7 @@ def read(run: Run, params: dict) -> dict:
     content = read_text(params["marker"])
     return {
         "debs": installed(run, params["packages"]),
-        "pci_gpus": pci_gpus() if params["count_gpus"] else None,
+        "pci_gpus": len(pci.gpus() or []) if params["count_gpus"] else None,
         "cuda": cuda(run, params["cuda_home"], params["cuda_home_candidates"], params["read_nvcc"]),
         "venv": venv(params["venv"]),
         "marker": content.strip() if content is not None else None,

@@ -62,11 +62,15 @@ import re
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuenv.cluster.plugins.module_utils import ompi as open_mpi
 from ansible_collections.gpuenv.cluster.plugins.module_utils.node import (
     Run,
     exit_with_reading,
     installed,
 )
+
+# Open MPI's system-wide parameter files: Debian's and a source build's default prefix.
+MCA_PARAMS = ("/etc/openmpi/openmpi-mca-params.conf", "/usr/local/etc/openmpi-mca-params.conf")
 
 
 def gpus(run: Run) -> int:
@@ -91,6 +95,13 @@ def build_stamp(run: Run) -> str | None:
         except OSError:
             return None
         parts.append(f"{path}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
+    # The system-wide MCA parameters can switch CUDA support off (module_utils/ompi.py's rule).
+    for conf in MCA_PARAMS:
+        try:
+            st = os.stat(conf)
+            parts.append(f"{conf}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
+        except OSError:
+            parts.append(f"{conf}:absent")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
@@ -112,15 +123,10 @@ def ompi(run: Run, fact_file: str, stamp: str | None) -> dict | None:
             "cuda_aware": fact.get("cuda_aware") is True,
             "build": stamp,
         }
-    rc, out = run(["ompi_info", "--parsable", "--all"])
-    version = re.search(r"ompi:version:full:([0-9]\S*)", out)
-    if rc != 0 or not version:
+    found = open_mpi.read(run)
+    if found is None:
         return None
-    return {
-        "version": version.group(1),
-        "cuda_aware": "mpi_built_with_cuda_support:value:true" in out,
-        "build": stamp or "",
-    }
+    return {"version": found["version"], "cuda_aware": found["cuda_aware"], "build": stamp or ""}
 
 
 def read(run: Run, params: dict) -> dict:

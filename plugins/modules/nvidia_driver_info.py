@@ -51,11 +51,11 @@ debs:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuenv.cluster.plugins.module_utils import pci
 from ansible_collections.gpuenv.cluster.plugins.module_utils.node import (
     Run,
     exit_with_reading,
     installed,
-    pci_gpus,
     read_text,
 )
 
@@ -76,7 +76,7 @@ def driver(run: Run, smi_timeout_s: float, module_version: str = MODULE_VERSION)
 def read(run: Run, params: dict) -> dict:
     """The module's answer for its parameters."""
     return {
-        "gpus": pci_gpus(),
+        "gpus": len(pci.gpus() or []),
         **driver(run, params["smi_timeout"]),
         "debs": installed(run, params["packages"]),
     }

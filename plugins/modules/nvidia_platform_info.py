@@ -136,75 +136,24 @@ debs:
   returned: always
 """
 
-import glob
-import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuenv.cluster.plugins.module_utils import boot, pci
 from ansible_collections.gpuenv.cluster.plugins.module_utils.node import (
     Run,
     exit_with_reading,
-    read_text,
+    package_versions,
 )
 from ansible_collections.gpuenv.cluster.plugins.module_utils.nvidia_hw import (
-    GPU_CLASSES,
-    NVIDIA_VENDOR,
-    NVSWITCH_CLASS,
-    NVSWITCH_IDS,
     OPEN,
     PROPRIETARY,
     fabric_states,
     fabric_unhealthy,
-    generation,
 )
 
-# EFI_GLOBAL_VARIABLE's GUID (UEFI specification): SecureBoot's fifth byte is 1 when it is on.
-SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 # From this branch on NVIDIA installs the open modules by default (driver 560 release notes).
 OPEN_DEFAULT_BRANCH = 560
-
-
-def _hex(text: str | None) -> int | None:
-    try:
-        return int((text or "").strip(), 16)
-    except ValueError:
-        return None
-
-
-def pci_devices(root: str) -> list[tuple[str, int, int]]:
-    """(bdf, device id, class >> 8) of every NVIDIA PCI function, in bus order."""
-    found = []
-    for path in sorted(glob.glob(os.path.join(root, "sys/bus/pci/devices/*"))):
-        if _hex(read_text(path + "/vendor")) != NVIDIA_VENDOR:
-            continue
-        device, klass = _hex(read_text(path + "/device")), _hex(read_text(path + "/class"))
-        if device is not None and klass is not None:
-            found.append((os.path.basename(path), device, klass >> 8))
-    return found
-
-
-def gpus(devices: list[tuple[str, int, int]]) -> list[dict]:
-    out = []
-    for bdf, device, klass in devices:
-        if klass in GPU_CLASSES:
-            name, flavours = generation(device)
-            out.append(
-                {
-                    "bdf": bdf,
-                    "device": f"0x{device:04x}",
-                    "generation": name,
-                    "flavours": sorted(flavours),
-                }
-            )
-    return out
-
-
-def nvswitches(devices: list[tuple[str, int, int]]) -> list[dict]:
-    return [
-        {"bdf": bdf, "device": f"0x{dev:04x}", "name": NVSWITCH_IDS.get(dev, "NVSwitch")}
-        for bdf, dev, klass in devices
-        if klass == NVSWITCH_CLASS
-    ]
 
 
 def _describe(gpu: dict) -> str:
@@ -243,87 +192,6 @@ def choose_flavour(found: list[dict], requested: str, branch: str, variable: str
     return {"flavour": requested, "flavour_error": ""}
 
 
-def secure_boot(root: str, run: Run) -> tuple[bool | None, str]:
-    """On, off or not known, and where that was read."""
-    efi = os.path.join(root, "sys/firmware/efi")
-    if not os.path.isdir(efi):
-        return False, "no /sys/firmware/efi: the node booted without UEFI, so without Secure Boot"
-    var = os.path.join(efi, "efivars", SECURE_BOOT_VAR)
-    try:
-        with open(var, "rb") as handle:
-            data = handle.read()
-    except OSError:
-        data = b""
-    if len(data) >= 5:  # 4 bytes of attributes, then the value
-        return data[4] == 1, f"/sys/firmware/efi/efivars/{SECURE_BOOT_VAR}: {data[4]}"
-    rc, out = run(["mokutil", "--sb-state"])
-    if "SecureBoot enabled" in out:
-        return True, "mokutil --sb-state: SecureBoot enabled"
-    if "SecureBoot disabled" in out:
-        return False, "mokutil --sb-state: SecureBoot disabled"
-    return None, f"no {SECURE_BOOT_VAR} and no answer from mokutil --sb-state (exit status {rc})"
-
-
-def _version_key(release: str) -> list:
-    """Sort kernel releases as versions: 6.1.0-10 after 6.1.0-9."""
-    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"[.+~-]", release)]
-
-
-def boot_kernel(root: str) -> tuple[str, str]:
-    """The kernel release the next boot starts, and how it was found.
-
-    GRUB boots the saved entry when /etc/default/grub says GRUB_DEFAULT=saved; Debian's and
-    Ubuntu's grub.cfg lists the newest kernel first, and that is the default entry otherwise.
-    """
-    kernels = [
-        os.path.basename(p)[len("vmlinuz-") :]
-        for p in glob.glob(os.path.join(root, "boot/vmlinuz-*"))
-    ]
-    grub_default = read_text(os.path.join(root, "etc/default/grub")) or ""
-    env = read_text(os.path.join(root, "boot/grub/grubenv")) or ""
-    saved = re.search(r"^saved_entry=(.+)$", env, re.M)
-    if re.search(r"^GRUB_DEFAULT=\"?saved\"?\s*$", grub_default, re.M) and saved:
-        entry = saved.group(1).strip()
-        named = [k for k in kernels if re.search(rf"(^|[-\s>]){re.escape(k)}($|[-\s>])", entry)]
-        if named:
-            return max(named, key=len), f"/boot/grub/grubenv saved_entry={entry}"
-    if not kernels:
-        return "", "no /boot/vmlinuz-* found"
-    newest = max(kernels, key=_version_key)
-    return newest, f"the newest of /boot/vmlinuz-* ({len(kernels)} kernel(s))"
-
-
-# The NVIDIA core module's file: nvidia.ko (NVIDIA's and Ubuntu's packages) or nvidia-current.ko
-# (Debian's DKMS package renames it), compressed or not.
-MODULE_FILE = re.compile(r"^nvidia(-current)?\.ko(\.(xz|zst|gz))?$")
-
-
-def module_for(root: str, release: str) -> str:
-    """The NVIDIA module built (DKMS, under updates/) or packaged (under kernel/) for a kernel
-    release; empty when there is none."""
-    if not release:
-        return ""
-    base = os.path.join(root, "lib/modules", release)
-    hits = sorted(
-        os.path.join(folder, name)
-        for folder, _, names in os.walk(base)
-        for name in names
-        if MODULE_FILE.match(name)
-    )
-    return "/" + os.path.relpath(hits[0], root) if hits else ""
-
-
-def package_versions(run: Run, packages: list[str]) -> dict[str, str]:
-    if not packages:
-        return {}
-    _, out = run(["dpkg-query", "-W", "-f=${Package} ${Version} ${Status}\n", *packages])
-    return {
-        line.split()[0]: line.split()[1]
-        for line in out.splitlines()
-        if line.endswith(" ok installed") and len(line.split()) >= 2
-    }
-
-
 def upstream(version: str) -> str:
     """The NVIDIA version inside a Debian version: 550.163.01 of 1:550.163.01-2ubuntu1."""
     return re.sub(r"-[^-]*$", "", re.sub(r"^[0-9]+:", "", version))
@@ -358,24 +226,25 @@ def fabric(run: Run) -> dict:
 
 
 def read(run: Run, params: dict) -> dict:
-    """The module's answer for its parameters."""
+    """The module's answer for its parameters (every reading is the node floor's)."""
     root = params["root"]
-    devices = pci_devices(root)
-    found = gpus(devices)
-    state, evidence = secure_boot(root, run)
-    running = (read_text(os.path.join(root, "proc/sys/kernel/osrelease")) or "").strip()
-    boot, boot_evidence = boot_kernel(root)
+    devices = pci.devices(root) or []
+    found = [d.describe() for d in devices if d.is_gpu]
+    sb = boot.secure_boot(root, run)
+    running = boot.running_kernel(root)
+    nxt, nxt_evidence = boot.next_boot_kernel(root)
+    files = {k: boot.module_files(root, k) for k in {running, nxt} if k}
     versions = package_versions(run, params["packages"])
     return {
         "gpus": found,
         **choose_flavour(found, params["flavour"], params["branch"], params["flavour_variable"]),
-        "nvswitches": nvswitches(devices),
-        "secure_boot": state,
-        "secure_boot_evidence": evidence,
+        "nvswitches": [d.describe() for d in devices if d.is_nvswitch],
+        "secure_boot": sb.enabled,
+        "secure_boot_evidence": sb.evidence,
         "running_kernel": running,
-        "boot_kernel": boot,
-        "boot_kernel_evidence": boot_evidence,
-        "modules": {k: module_for(root, k) for k in {running, boot} if k},
+        "boot_kernel": nxt,
+        "boot_kernel_evidence": nxt_evidence,
+        "modules": {k: v[0] if v else "" for k, v in files.items()},
         **(fabric(run) if params["fabric"] else {"fabric": [], "fabric_error": ""}),
         "fabricmanager_error": fabricmanager_error(
             versions, params["driver_package"], params["fabricmanager_package"]

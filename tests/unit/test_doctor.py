@@ -67,7 +67,7 @@ EXPECT = {
     2: ("Fabric Manager 580.173.02 != driver 580.159.04", "is-active", "nvidia-fabricmanager-580="),
     3: ("proprietary kernel module", "10de:2901", "nvidia-driver-580-open"),
     4: ("Secure Boot", "module verification failed", "mokutil --import"),
-    5: ("6.8.0-50-generic", "/boot/vmlinuz -> vmlinuz-6.8.0-50-generic", "dkms autoinstall -k"),
+    5: ("6.8.0-50-generic", "the newest of /boot/vmlinuz-*", "dkms autoinstall -k"),
     6: ("0000:02:00.0, 0000:02:01.0", "ACSCtl: SrcValid+", "setpci -s 0000:02:00.0 ECAP_ACS+0x6.w"),
     7: ("GPUDirect RDMA is off", "no nvidia_peermem", "modprobe nvidia-peermem"),
     8: (

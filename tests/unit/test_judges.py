@@ -77,6 +77,7 @@ def test_pci_bus_is_read_through_the_root_override(tmp_path):
         dev = tmp_path / "sys/bus/pci/devices" / addr
         dev.mkdir(parents=True)
         (dev / "vendor").write_text(vendor + "\n")
+        (dev / "device").write_text("0x2330\n")
         (dev / "class").write_text(klass + "\n")
     assert system.pci_gpus(tmp_path) == ["0000:17:00.0"]
     assert system.pci_gpus(tmp_path / "nothing") is None
