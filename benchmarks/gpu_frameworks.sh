@@ -45,7 +45,10 @@ say "install (no index: the carried wheels only)"
 # Into a folder on PYTHONPATH, over the machine's own Python stack (torch, CuPy, mpi4py, numpy sit
 # in its user site, which a venv would not see).
 CUDA=${CUDA_HOME:-/usr/local/cuda}
-export CUDA_HOME=$CUDA PATH="$LIB/bin:$CUDA/bin:$PATH" PYTHONPATH="$LIB:$PWD"
+# gpuenv itself from its wheel (benchmarks/stage_gpuenv.sh).
+# shellcheck source=benchmarks/stage_gpuenv.sh
+. "$(dirname "$0")/stage_gpuenv.sh"
+export CUDA_HOME=$CUDA PATH="$LIB/bin:$CUDA/bin:$PATH" PYTHONPATH="$LIB:$GPUENV_LIB"
 pip() { python3 -m pip --disable-pip-version-check "$@"; }
 timed pip-dask pip install --no-index --find-links "$WHEELS" --target "$LIB" dask distributed
 timed pip-pycuda-deps pip install --no-index --find-links "$WHEELS" --target "$LIB" setuptools \

@@ -2,7 +2,8 @@
 # `gpuenv check` on the GPU machine: wall times of the quick profile (RUNS runs, default 3, optionally
 # interleaved with an older gpuenv for comparison), the full profile, and the bad-input and
 # fault cases that need a GPU. Runs from the repository root with the machine's own python3
-# (it carries torch, CuPy, mpi4py, nvidia-ml-py, rich, PyYAML); nothing is installed.
+# (it carries torch, CuPy, mpi4py, nvidia-ml-py, rich, PyYAML); gpuenv itself comes from its wheel
+# (benchmarks/stage_gpuenv.sh: .whl/gpuenv-*.whl) into a temporary folder.
 #
 #   bash benchmarks/gpu_machine_check.sh                 # this checkout
 #   BASELINE=DIR bash benchmarks/gpu_machine_check.sh    # also DIR/gpuenv, e.g. from
@@ -16,11 +17,14 @@ OUT=${OUT:-/tmp/gpuenv-out}
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.txt
 say() { printf '\n== %s\n' "$*" | tee -a "$SUMMARY"; }
+# shellcheck source=benchmarks/stage_gpuenv.sh
+. "$(dirname "$0")/stage_gpuenv.sh"
+export PYTHONPATH=$GPUENV_LIB
 timed() {  # timed LABEL PYTHONPATH ARGS...: one run, its wall time and exit code in the summary
   local label=$1 path=$2; shift 2
   local t0 t1 rc
   t0=$(date +%s%N)
-  # From inside the tree: `python3 -m` puts the working folder first on sys.path.
+  # From inside the folder: `python3 -m` puts the working folder first on sys.path.
   (cd "$path" && PYTHONPATH=$path python3 -m gpuenv check "$@") >"$OUT/$label.log" 2>&1
   rc=$?
   t1=$(date +%s%N)
@@ -38,21 +42,21 @@ python3 -c 'import sys, torch, cupy, mpi4py; print(sys.version.split()[0], torch
 RUNS=${RUNS:-3}
 say "quick profile, $RUNS runs (interleaved with BASELINE=${BASELINE:-none})"
 for i in $(seq "$RUNS"); do
-  timed "quick$i" "$PWD" --profile quick --json "$OUT/quick$i.json"
+  timed "quick$i" "$GPUENV_LIB" --profile quick --json "$OUT/quick$i.json"
   if [ -n "${BASELINE:-}" ]; then
     timed "baseline$i" "$BASELINE" --profile quick
   fi
 done
 
 say "full profile"
-timed full "$PWD" --profile full --json "$OUT/full.json"
+timed full "$GPUENV_LIB" --profile full --json "$OUT/full.json"
 
 say "bad input: one GPU named twice (exit 2, nothing run)"
-CUDA_VISIBLE_DEVICES=0,0 timed dupes "$PWD" --profile quick
+CUDA_VISIBLE_DEVICES=0,0 timed dupes "$GPUENV_LIB" --profile quick
 
 say "a frozen MPI rank with CuPy buffers (rank 1 stopped inside bcast)"
 GPUENV_FAULT=freeze:rank=1:check=mpi:stage=bcast \
-  timed frozen "$PWD" --only mpi --deadline 20 --json "$OUT/frozen.json"
+  timed frozen "$GPUENV_LIB" --only mpi --deadline 20 --json "$OUT/frozen.json"
 
 say "NCCL's own log read back, one GPU (no peer: the version, no connection lines)"
 python3 - <<'PY' 2>&1 | tail -3 | tee -a "$SUMMARY"

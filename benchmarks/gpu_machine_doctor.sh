@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-$PWD/doctor-gpu-out}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# shellcheck source=benchmarks/stage_gpuenv.sh
+. "$(dirname "$0")/stage_gpuenv.sh"
+export PYTHONPATH=$GPUENV_LIB${PYTHONPATH:+:$PYTHONPATH}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 ADDR=$(hostname -I 2>/dev/null | awk '{print $1}')
