@@ -76,7 +76,6 @@ HOME=$cfg timed pip-pycuda pip install --no-index --find-links "$WHEELS" --targe
 python3 -c 'import dask, distributed, pycuda, cupy, torch; print("dask", dask.__version__, "distributed", distributed.__version__, "pycuda", pycuda.VERSION_TEXT, "cupy", cupy.__version__, "torch", torch.__version__)' 2>&1 |
   tee -a "$SUMMARY"
 
-REPO=$PWD
 check() { python3 -m gpuenv check "$@"; }
 
 say "1. the framework checks, asked by name"

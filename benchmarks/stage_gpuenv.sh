@@ -7,15 +7,18 @@
 # than the build needs, and it has no network):
 #   python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl .
 # then carry .whl with the device tool.
-wheel=$(ls .whl/gpuenv-*.whl 2>/dev/null | tail -1)
+wheel=$(ls "$PWD"/.whl/gpuenv-*.whl 2>/dev/null | tail -1)
 if [ -z "$wheel" ]; then
   python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl . >&2 || {
     echo "stage_gpuenv: no .whl/gpuenv-*.whl and no build here: make it on the controller" >&2
     exit 2
   }
-  wheel=$(ls .whl/gpuenv-*.whl | tail -1)
+  wheel=$(ls "$PWD"/.whl/gpuenv-*.whl | tail -1)
 fi
 GPUENV_LIB=$(mktemp -d /tmp/gpuenv-lib.XXXXXX)
 python3 -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$GPUENV_LIB" \
   "$wheel" >&2 || exit 2
 export GPUENV_LIB
+# `python3 -m` puts the working folder first on sys.path: from the checkout, its gpuenv/ (without
+# the floor) would shadow the staged one.
+cd "$GPUENV_LIB" || exit 2
