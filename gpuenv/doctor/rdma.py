@@ -15,6 +15,7 @@ from gpuenv.doctor import pci
 from gpuenv.doctor.driver import loaded_module, version_key
 from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
+from gpuenv.floor import net
 
 _FIXES = (
     "modprobe nvidia-peermem && echo nvidia-peermem > /etc/modules-load.d/nvidia-peermem.conf",
@@ -38,7 +39,7 @@ def rdma_mode(system: System) -> tuple[str, list[str]]:
 
 
 def gpudirect_rdma(system: System) -> ClassReading:
-    hcas = system.listdir("/sys/class/infiniband")
+    hcas = net.rdma_devices(str(system.root))
     if not hcas:
         # a fact for the comparison: on a cluster whose other nodes have RDMA, it is a fault
         return skipped(7, "no RDMA device (/sys/class/infiniband is empty)", mode="no-device")

@@ -73,10 +73,15 @@ def _after_colon(text: str) -> str:
     return text.partition(":")[2].strip() if ":" in text else text.strip()
 
 
+def rdma_devices(root: str = "/") -> list[str]:
+    """The RDMA devices (mlx5_0 ...), in name order."""
+    return _listdir(root, RDMA_CLASS)
+
+
 def rdma_ports(root: str = "/") -> list[Port]:
     """Every port of every RDMA device, in name order."""
     found = []
-    for device in _listdir(root, RDMA_CLASS):
+    for device in rdma_devices(root):
         ports = f"{RDMA_CLASS}/{device}/ports"
         for port in _listdir(root, ports):
             base = f"{ports}/{port}"
