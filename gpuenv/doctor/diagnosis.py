@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from gpuenv.doctor import acs, driver, envvars, fabric, nccl, netif, rdma
+from gpuenv.doctor import acs, bound, driver, envvars, fabric, nccl, netif, rdma
 from gpuenv.doctor.findings import CLASSES, ClassReading, to_result
 from gpuenv.doctor.system import System
 from gpuenv.results import Result
@@ -31,6 +31,7 @@ def readers(address: str | None) -> dict[int, Reader]:
         8: lambda system: netif.socket_ifname(system, address),
         9: nccl.nccl_libraries,
         10: envvars.stray_env,
+        11: bound.driver_bound,
     }
 
 

@@ -33,6 +33,9 @@ CLASSES: tuple[DiagnosisClass, ...] = (
     DiagnosisClass(8, "nccl-socket-ifname", "NCCL_SOCKET_IFNAME selects the inventory address"),
     DiagnosisClass(9, "nccl-libraries", "one NCCL per node, the same on every node"),
     DiagnosisClass(10, "stray-env", "no global NCCL_*/CUDA_* setting forcing a slow path"),
+    DiagnosisClass(
+        11, "driver-bound", "every NVIDIA GPU on the bus is driven by the NVIDIA driver"
+    ),
 )
 BY_NUMBER = {c.number: c for c in CLASSES}
 BY_CHECK = {f"doctor.{c.name}": c for c in CLASSES}

@@ -39,9 +39,9 @@ def lines(results: Sequence[Result], wall_s: float, verbose: bool = False) -> li
     failed = [r for r in results if r.status.failed]
     findings = sum(len(r.details.get("findings", [])) for r in failed if r.status is Status.FAIL)
     errors = sum(r.status is Status.ERROR for r in failed)
-    reading = "FINDINGS" if failed else "CLEAN"
+    verdict = "FINDINGS" if failed else "CLEAN"
     out.append(
-        f"reading: {reading}  {findings} finding(s), {errors} error(s) on "
+        f"verdict: {verdict}  {findings} finding(s), {errors} error(s) on "
         f"{len({r.node for r in failed})} of {len(nodes)} node(s) in {wall_s:.1f}s"
     )
     return out

@@ -33,6 +33,7 @@ class Device:
     device: int
     pci_class: int  # 24 bits: class, subclass, programming interface
     bridges: tuple[str, ...]  # BDFs of the bridges above it, root port first
+    driver: str = ""  # the kernel driver bound to it (its ``driver`` link): nvidia, nouveau ...
 
     @property
     def is_gpu(self) -> bool:
@@ -90,7 +91,11 @@ def devices(root: str = "/") -> list[Device] | None:
             continue
         parts = resolve_under(root, link).split("/")
         bridges = tuple(p for p in parts if _BDF.match(p) and p != bdf)
-        found.append(Device(bdf, vendor, device, pci_class, bridges))
+        try:
+            driver = os.path.basename(os.readlink(os.path.join(root, link.lstrip("/"), "driver")))
+        except OSError:
+            driver = ""
+        found.append(Device(bdf, vendor, device, pci_class, bridges, driver))
     return found
 
 

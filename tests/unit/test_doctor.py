@@ -77,6 +77,7 @@ EXPECT = {
     ),
     9: ("LD_LIBRARY_PATH", "/usr/local/nccl-2.18.3/lib/libnccl.so.2.18.3", "remove /usr/local"),
     10: ("NCCL_P2P_DISABLE=1", "/etc/environment:2", "/etc/environment"),
+    11: ("nouveau drives 1 GPU(s)", "0000:04:00.0 (nouveau)", "blacklist nouveau"),
 }
 
 
@@ -228,6 +229,10 @@ def test_cross_node_torch_nccl_version_differs(tmp_path):
     assert not nodes["n1"][9].findings and not nodes["n3"][9].findings
 
 
+def by_number(readings: list[ClassReading]) -> dict[int, ClassReading]:
+    return {r.cls: r for r in readings}
+
+
 def test_results_round_trip_for_the_controller(tmp_path):
     readings = diagnosis.diagnose(fixture(node(tmp_path, "10-stray-env")), ADDRESS)
     results = diagnosis.results("n1", readings)
@@ -236,7 +241,7 @@ def test_results_round_trip_for_the_controller(tmp_path):
     stray = by_check["doctor.stray-env"]
     assert stray.status is Status.FAIL and "NCCL_P2P_DISABLE=1" in stray.reason
     back = from_result(type(stray).from_dict(stray.to_dict()))
-    assert back is not None and back.findings == readings[-1].findings
+    assert back is not None and back.findings == by_number(readings)[10].findings
     assert to_result("n1", back).to_dict() == stray.to_dict()
 
 
@@ -436,3 +441,26 @@ def test_cross_node_a_node_without_any_nccl_is_named(tmp_path):
     titles = [f.title for f in v.findings]
     assert "system NCCL on n1 (none) differs from the other nodes (2.27.7)" in titles
     assert not by_node["n2"][0].findings
+
+
+def test_no_module_for_the_running_kernel_is_named_with_the_dkms_fix(tmp_path):
+    root = node(tmp_path)
+    for folder, _, names in os.walk(root / "sys/devices"):
+        for name in names:
+            if name == "driver":
+                (Path(folder) / name).unlink()
+    shutil.rmtree(root / "sys/module/nvidia")
+    (root / "proc/driver/nvidia/version").unlink()
+    running = (root / "proc/sys/kernel/osrelease").read_text().strip()
+    for module in (root / "lib/modules" / running).rglob("nvidia*.ko*"):
+        module.unlink()
+    (finding,) = diagnose(root)[11].findings
+    assert finding.title == f"no NVIDIA module for the running kernel {running}"
+    assert f"dkms autoinstall -k {running}" in finding.fixes[0]
+
+
+def test_a_node_without_nvidia_gpus_skips_the_binding_class(tmp_path):
+    root = node(tmp_path)
+    for link in (root / "sys/bus/pci/devices").iterdir():
+        link.unlink()
+    assert diagnose(root)[11].skip == "no NVIDIA GPU on the PCI bus"

@@ -17,11 +17,11 @@ def test_clean_node_exits_0_and_writes_reports(tmp_path, capsys):
     assert rc == 0
     data = json.loads(out_json.read_text())
     assert data["node"] == "n1" and data["profile"] == "doctor" and data["ok"] is True
-    assert len(data["results"]) == 10
+    assert len(data["results"]) == 11
     assert {r["status"] for r in data["results"]} == {"PASS"}
     suite = ET.parse(out_xml).getroot().find("testsuite")
-    assert suite.get("tests") == "10" and suite.get("failures") == "0"
-    assert "reading: CLEAN" in capsys.readouterr().out
+    assert suite.get("tests") == "11" and suite.get("failures") == "0"
+    assert "verdict: CLEAN" in capsys.readouterr().out
 
 
 def test_fault_exits_1_and_console_names_node_class_cause_evidence_fix(tmp_path, capsys):
@@ -57,7 +57,7 @@ def test_only_runs_the_named_classes(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--only", "11"], "unknown class(es) 11"),
+        (["--only", "12"], "unknown class(es) 12"),
         (["--only", "nope,1"], "unknown class(es) nope"),
         (["--root", "/no/such/dir"], "--root /no/such/dir: not a folder"),
         (["--run-commands"], "--run-commands needs --root"),
@@ -94,6 +94,6 @@ def test_verdict_line_counts_findings_and_errors():
         Result("doctor.stray-env", "n3", Status.PASS),
     ]  # fmt: skip
     out = lines(results, 1.0)
-    assert out[-1] == "reading: FINDINGS  1 finding(s), 1 error(s) on 2 of 3 node(s) in 1.0s"
+    assert out[-1] == "verdict: FINDINGS  1 finding(s), 1 error(s) on 2 of 3 node(s) in 1.0s"
     assert "ERROR n2 [doctor] no doctor report: unreachable" in out
     assert "      fix:      f" in out
