@@ -13,6 +13,7 @@ import ipaddress
 from gpuenv.doctor.envvars import effective, global_settings
 from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
+from gpuenv.floor import net
 
 
 def addresses(ip_o_addr: str) -> list[tuple[str, str]]:
@@ -54,9 +55,13 @@ def socket_ifname(system: System, address: str | None) -> ClassReading:
     if ip is None:
         return skipped(8, f"inventory address {address!r} does not resolve on this node")
     out = system.run("ip-o-addr", ["ip", "-o", "addr", "show"])
+    source = "ip -o addr show"
+    pairs = addresses(out.stdout) if out.ok else []
     if not out.ok:
-        return skipped(8, out.why("ip -o addr show (iproute2)"))
-    pairs = addresses(out.stdout)
+        # No iproute2 (a minimal image, a GPU container): the kernel's own tables say the same.
+        pairs, source = net.addresses(str(system.root)), "/proc/net/fib_trie, /proc/net/if_inet6"
+        if not pairs:
+            return skipped(8, out.why("ip -o addr show (iproute2)") + f"; nothing in {source}")
     ifaces = sorted({i for i, _ in pairs})
     holder = next((i for i, a in pairs if a == ip), None)
     setting = effective(global_settings(system), "NCCL_SOCKET_IFNAME")
@@ -73,7 +78,7 @@ def socket_ifname(system: System, address: str | None) -> ClassReading:
                 f"inventory address {ip} is on no interface of this node",
                 "the other nodes reach this one at an address it does not hold (NAT, or a "
                 "stale inventory): NCCL and torch rendezvous advertise another address",
-                (f"ip -o addr show: {', '.join(f'{i} {a}' for i, a in pairs)}",),
+                (f"{source}: {', '.join(f'{i} {a}' for i, a in pairs)}",),
                 ("set the node's gpuenv_cluster_address (or ansible_host) in the inventory to "
                  "an address from `ip -o addr show`",),
             )
@@ -90,7 +95,7 @@ def socket_ifname(system: System, address: str | None) -> ClassReading:
             f"instead of {holder}: ranks on other nodes cannot connect and wait until timeout",
             (
                 f"{setting.where()}: NCCL_SOCKET_IFNAME={setting.value}",
-                f"ip -o addr show: {holder} holds {ip}",
+                f"{source}: {holder} holds {ip}",
                 f"interfaces it selects: {', '.join(chosen) or 'none'} (of {', '.join(ifaces)})",
             ),
             (

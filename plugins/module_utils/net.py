@@ -10,6 +10,7 @@ tree in tests.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -114,3 +115,47 @@ def default_route_interface(root: str = "/") -> str | None:
         if len(fields) > 1 and fields[1] == "00000000":
             return fields[0]
     return None
+
+
+def _route_table(root: str) -> list[tuple[str, int, int]]:
+    """(interface, destination, mask) of /proc/net/route's rows, as integers in host order."""
+    rows = []
+    for line in (read_under(root, "/proc/net/route") or "").splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8:
+            try:
+                dest = int.from_bytes(bytes.fromhex(fields[1]), "little")
+                mask = int.from_bytes(bytes.fromhex(fields[7]), "little")
+            except ValueError:
+                continue
+            rows.append((fields[0], dest, mask))
+    return rows
+
+
+def addresses(root: str = "/") -> list[tuple[str, str]]:
+    """(interface, address) pairs from procfs, for nodes without iproute2: IPv4 local addresses
+    of /proc/net/fib_trie placed on the interface of the most specific route that holds them
+    (/proc/net/route), IPv6 addresses from /proc/net/if_inet6."""
+    local, last = [], ""
+    for line in (read_under(root, "/proc/net/fib_trie") or "").splitlines():
+        text = line.strip()
+        if text.startswith("|--"):
+            last = text[3:].strip()
+        elif text.startswith("/32 host LOCAL") and last and last not in local:
+            local.append(last)
+    routes = _route_table(root)
+    pairs = []
+    for address in local:
+        value = int.from_bytes(bytes(int(p) for p in address.split(".")), "big")
+        if address.startswith("127."):
+            pairs.append(("lo", address))
+            continue
+        held = [(mask, iface) for iface, dest, mask in routes if mask and value & mask == dest]
+        if held:
+            pairs.append((max(held)[1], address))
+    for line in (read_under(root, "/proc/net/if_inet6") or "").splitlines():
+        fields = line.split()
+        if len(fields) == 6 and len(fields[0]) == 32:
+            groups = [fields[0][i : i + 4] for i in range(0, 32, 4)]
+            pairs.append((fields[5], str(ipaddress.ip_address(":".join(groups)))))
+    return pairs

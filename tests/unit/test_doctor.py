@@ -464,3 +464,19 @@ def test_a_node_without_nvidia_gpus_skips_the_binding_class(tmp_path):
     for link in (root / "sys/bus/pci/devices").iterdir():
         link.unlink()
     assert diagnose(root)[11].skip == "no NVIDIA GPU on the PCI bus"
+
+
+def test_socket_ifname_is_judged_from_procfs_on_a_node_without_ip(tmp_path):
+    root = node(tmp_path, "08-nccl-socket-ifname")
+    (root / "cmd" / "ip-o-addr.out").unlink()
+    (root / "proc/net").mkdir(parents=True, exist_ok=True)
+    (root / "proc/net/fib_trie").write_text(
+        "Local:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 10.0.0.11\n        /32 host LOCAL\n"
+    )
+    (root / "proc/net/route").write_text(
+        "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\n"
+        "eth0\t0000000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\n"
+    )
+    (finding,) = diagnose(root)[8].findings
+    assert "does not select eth0" in finding.title
+    assert any(e.startswith("/proc/net/fib_trie") for e in finding.evidence)

@@ -187,3 +187,41 @@ def test_rdma_ports_and_the_default_route(tmp_path):
     (tmp_path / "sys/class/net/eth0/speed").write_text("100000\n")
     assert net.default_route_interface(str(tmp_path)) == "eth0"
     assert net.interface_speed(str(tmp_path), "eth0") == 12.5
+
+
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 10.0.0.0/24 2 0 2
+        |-- 10.0.0.0
+           /24 link UNICAST
+        |-- 10.0.0.11
+           /32 host LOCAL
+     +-- 127.0.0.0/8 2 0 2
+        |-- 127.0.0.1
+           /32 host LOCAL
+Local:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 10.0.0.11
+        /32 host LOCAL
+"""
+ROUTE = (
+    "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
+    "eth0\t00000000\t0100000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+    "eth0\t0000000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+)
+
+
+def test_addresses_without_iproute2_come_from_procfs(tmp_path):
+    (tmp_path / "proc/net").mkdir(parents=True)
+    (tmp_path / "proc/net/fib_trie").write_text(FIB_TRIE)
+    (tmp_path / "proc/net/route").write_text(ROUTE)
+    (tmp_path / "proc/net/if_inet6").write_text(
+        "fe800000000000000000000000000001 02 40 20 80     eth0\n"
+    )
+    assert net.addresses(str(tmp_path)) == [
+        ("eth0", "10.0.0.11"),
+        ("lo", "127.0.0.1"),
+        ("eth0", "fe80::1"),
+    ]
