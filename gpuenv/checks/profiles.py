@@ -1,8 +1,11 @@
 """The verdict rules of a node run: which checks a profile requires, and when a run is OK.
 
 A run is OK only when nothing FAILed or ERRORed, every check the profile requires for this kind
-of node PASSed, and something was verified at all. A SKIP is never a silent pass: a required
-check that skipped makes the run not OK, and the console groups every SKIP by its reason.
+of node PASSed, something was verified at all, and, on a GPU node, its GPUs were verified
+(``gpu_proof``) whatever ``--only`` selected. A SKIP is never a silent pass: a required check
+that skipped makes the run not OK, and the console groups every SKIP by its reason. On a cluster
+(``assess_cluster``) the checks that need two nodes are excused on a one-node cluster, and the
+excused SKIP says so.
 """
 
 from __future__ import annotations
@@ -48,6 +51,43 @@ def default_names(
     return [n for n, c in registry.items() if not is_optional(c) or n in wanted]
 
 
+def with_probe(registry: Mapping[str, Check], names: Sequence[str]) -> list[str]:
+    """``names`` and the probe, in registry order: the probe runs first in every run anyway, and
+    its verdict (the GPUs the bus shows, all seen by the driver) counts whatever ``--only`` says."""
+    return [n for n, c in registry.items() if n in names or c.PLACEMENT is Placement.PROBE]
+
+
+def gpu_proof(
+    node: NodeInfo, results: Sequence[Result], registry: Mapping[str, Check]
+) -> str | None:
+    """Why the GPUs of a GPU node were not verified by this run; None when they were.
+
+    ``--only`` (and ``--expect-gpus``) narrow what runs, never what a GPU node must prove: the
+    probe PASSed (the driver sees every GPU the bus shows, or ``--expect-gpus`` says), and a check
+    that runs one rank on every visible GPU (GPU placement) PASSed. NVML listing a GPU is not the
+    GPU computing.
+    """
+    by_name = {r.check: r for r in results}
+    probe = next((n for n, c in registry.items() if c.PLACEMENT is Placement.PROBE), None)
+    seen = by_name.get(probe) if probe else None
+    if seen is None:
+        return f"GPU node ({_node_words(node)}): GPUs not verified: the probe ({probe}) did not run"
+    if seen.status is not Status.PASS:
+        return (
+            f"GPU node ({_node_words(node)}): GPUs not verified:"
+            f" {probe} {seen.status.value}: {seen.reason}"
+        )
+    on_gpus = [n for n, c in registry.items() if c.PLACEMENT is Placement.GPU]
+    if any(by_name[n].status is Status.PASS for n in on_gpus if n in by_name):
+        return None
+    ran = [n for n in on_gpus if n in by_name]
+    why = "none of them passed" if ran else "none of them was selected (--only)"
+    return (
+        f"GPU node ({_node_words(node)}): GPUs not verified: no check that runs on every GPU"
+        f" ({', '.join(on_gpus)}) passed; {why}"
+    )
+
+
 def assess(
     thresholds: Mapping[str, Any],
     profile: str,
@@ -82,13 +122,12 @@ def assess(
             result = by_name[name]
             if result.status is Status.SKIP:
                 problems.append(f"required check {name} did not run: {result.reason}")
-    passed = [r for r in results if r.status is Status.PASS]
-    if not passed:
+    if not any(r.status is Status.PASS for r in results):
         problems.append("nothing was verified: no check passed")
-    probe = next((n for n, c in registry.items() if c.PLACEMENT is Placement.PROBE), None)
-    # A GPU is verified when a check other than the probe passed on a node with GPUs to use:
-    # NVML listing a GPU is not the GPU computing.
-    gpu_verified = bool(node.gpus) and any(r.check != probe for r in passed)
+    unverified = gpu_proof(node, results, registry) if node.gpus or gpu_node else "no GPU"
+    if gpu_node and unverified and not any(unverified.endswith(p) for p in problems):
+        problems.append(unverified)
+    gpu_verified = bool(node.gpus) and unverified is None
     return Verdict(
         ok=not problems,
         profile=profile,

@@ -95,13 +95,14 @@ def handler(args: argparse.Namespace) -> int:
         return 0
     # Everything the run needs is loaded and validated before anything runs.
     from gpuenv.checks.base import Context
-    from gpuenv.checks.profiles import default_names, requirements
+    from gpuenv.checks.profiles import default_names, requirements, with_probe
     from gpuenv.checks.thresholds import load_specs, load_thresholds
 
     thresholds = load_thresholds(args.thresholds)
     requirements(thresholds, args.profile, gpu_node=True)  # an unknown profile stops here
-    names = resolve_names(
-        args.only, list(REGISTRY), default_names(REGISTRY, thresholds, args.profile)
+    names = with_probe(
+        REGISTRY,
+        resolve_names(args.only, list(REGISTRY), default_names(REGISTRY, thresholds, args.profile)),
     )
     output_target("--json", args.json, stdout_ok=True)
     output_target("--junit", args.junit)

@@ -206,3 +206,70 @@ def test_node_side_imports_no_controller_or_gpu_library():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("argv", "statuses", "gpus", "pci", "needle"),
+    [
+        # GPUs on the bus, no driver: --only leaves out every GPU check, the probe still counts.
+        (
+            ["--only", "mpi"],
+            {"system": Status.FAIL},
+            0,
+            ("0000:17:00.0", "0000:18:00.0"),
+            "system FAIL",
+        ),
+        (["--only", "ddp"], {"system": Status.FAIL}, 0, ("0000:17:00.0",), "system FAIL"),
+        # A healthy GPU node: --only mpi / ddp / system prove nothing about its GPUs.
+        (["--only", "mpi"], {}, 2, ("0000:17:00.0", "0000:18:00.0"), "GPUs not verified"),
+        (["--only", "ddp"], {}, 2, (), "none of them was selected (--only)"),
+        (["--only", "system"], {}, 2, (), "no check that runs on every GPU"),
+        # The GPU checks ran and none passed.
+        (
+            ["--only", "cupy,mpi"],
+            {"cupy": Status.SKIP},
+            2,
+            (),
+            "none of them passed",
+        ),
+        # --expect-gpus 8 on a machine with no GPU at all.
+        (["--expect-gpus", "8", "--only", "mpi"], {"system": Status.FAIL}, 0, (), "system FAIL"),
+    ],
+)
+def test_only_never_narrows_what_a_gpu_node_must_prove(
+    monkeypatch, capsys, tmp_path, argv, statuses, gpus, pci, needle
+):
+    asked = []
+    fake = _fake_run(statuses, gpus, pci)
+
+    def recording(ctx, names, progress=None, registry=None):
+        asked.extend(names)
+        return fake(ctx, names, progress, registry)
+
+    monkeypatch.setattr(gpuenv.checks.session, "run_checks", recording)
+    out = tmp_path / "r.json"
+    assert main(["check", *argv, "--json", str(out)]) == 1
+    assert asked[0] == "system"  # the probe always reports
+    data = json.loads(out.read_text())
+    assert data["verdict"]["node_kind"] == "gpu"
+    assert data["verdict"]["gpu_verified"] is False
+    captured = capsys.readouterr()
+    assert needle in captured.out + json.dumps(data["verdict"])
+    assert "verdict: NOT OK" in captured.out
+
+
+def test_only_a_gpu_check_on_a_healthy_gpu_node_verifies_its_gpus(monkeypatch, capsys):
+    monkeypatch.setattr(gpuenv.checks.session, "run_checks", _fake_run({}, 2))
+    assert main(["check", "--only", "cupy"]) == 0
+    assert "GPUs verified" in capsys.readouterr().out
+
+
+def test_a_run_without_the_probe_result_verifies_no_gpu():
+    from gpuenv.checks import REGISTRY
+    from gpuenv.checks.profiles import assess
+    from gpuenv.checks.thresholds import load_thresholds
+
+    results = [Result("mpi", "n1", Status.PASS, "ok"), Result("cupy", "n1", Status.PASS, "ok")]
+    verdict = assess(load_thresholds(), "quick", NodeInfo(), results, REGISTRY, expect_gpus=8)
+    assert not verdict.ok and not verdict.gpu_verified
+    assert any("the probe (system) did not run" in p for p in verdict.problems)
