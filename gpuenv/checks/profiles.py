@@ -146,10 +146,26 @@ def _node_words(node: NodeInfo) -> str:
     return "no NVIDIA GPU on the PCI bus or through NVML"
 
 
+# What the verdict appends to the reason of a SKIP it excuses, so that every report says so.
+EXCUSED_ONE_NODE = "excused: not required on a one-node cluster"
+
+
+def _needs_two_nodes(result: Result) -> bool:
+    """A cluster check that cannot mean anything on one node: one that compares nodes (it says so
+    with ``details.needs_nodes``) or a multi-node run the pipeline did not start."""
+    needs = int(result.details.get("needs_nodes", 1))
+    return needs >= 2 or "multi-node runs need 2" in result.reason
+
+
 def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterReport) -> Verdict:
     """The rules for a whole cluster: every node's own verdict, and the cluster-wide checks the
-    profile requires (those of the stages that ran: not the ones left out, nor multi-node runs
-    of a one-node cluster)."""
+    profile requires (those of the stages that ran: not the ones left out).
+
+    A cluster of one node (``--limit node1``) is judged by the checks that make sense for one
+    node: a SKIP of a check that needs two nodes (consistency, the multi-node runs, the pair
+    matrix) is excused there, and its reason says so (``EXCUSED_ONE_NODE``). On a cluster of
+    several nodes of which only one answered, it is not: those nodes were meant to be compared.
+    """
     problems = [
         f"{r.node} {r.check} {r.status.value}: {r.reason}"
         for r in report.results
@@ -158,6 +174,16 @@ def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterR
     for node, run in report.node_reports.items():
         problems += [f"{node}: {p}" for p in run.verdict.problems if " FAIL: " not in p
                      and " ERROR: " not in p]  # fmt: skip
+    one_node = len(report.hosts) == 1
+    for result in report.results:
+        if (
+            one_node
+            and result.node == "cluster"
+            and result.status is Status.SKIP
+            and _needs_two_nodes(result)
+            and EXCUSED_ONE_NODE not in result.reason
+        ):
+            result.reason = f"{result.reason} ({EXCUSED_ONE_NODE})"
     kinds = {run.verdict.node_kind for run in report.node_reports.values()}
     gpu = "gpu" in kinds
     cluster = {r.check: r for r in report.results if r.node == "cluster"}
@@ -172,7 +198,7 @@ def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterR
             result = cluster.get(name)
             if result is None:
                 continue  # its stage was left out
-            if result.status is Status.SKIP and "multi-node runs need 2" in result.reason:
+            if result.status is Status.SKIP and EXCUSED_ONE_NODE in result.reason:
                 continue
             required.append(name)
             if result.status is Status.SKIP:
