@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import shlex
 import socket
 import sys
 import time
@@ -31,6 +32,35 @@ def register(subparsers: Any) -> None:
         description="Run the node checks under deadlines; exit 0 when the run is OK by its"
         " profile's rules, 1 when not, 2 on bad input (nothing run).",
     )
+    _options(p)
+    p.set_defaults(func=handler)
+
+
+class _Refusing(argparse.ArgumentParser):
+    """A parser whose error is BadInput (one line, exit 2) instead of usage text and an exit."""
+
+    def error(self, message: str) -> Any:
+        raise BadInput(message)
+
+
+def validate_node_args(option: str, argv: list[str]) -> None:
+    """Refuse, on the controller and before anything is launched, arguments that `gpuenv check`
+    on the nodes would refuse: an unknown option or check name, a bad number. Files named in
+    them (``--thresholds``) are the nodes' and are read there."""
+    from gpuenv.checks import REGISTRY
+
+    parser = _Refusing(prog="gpuenv check", add_help=False)
+    _options(parser)
+    try:
+        args = parser.parse_args(argv)
+        if args.list:
+            raise BadInput("--list lists the checks and runs none")
+        resolve_names(args.only, list(REGISTRY))
+    except BadInput as exc:
+        raise BadInput(f"{option} {shlex.join(argv)!r}: {exc}") from None
+
+
+def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--only", action="append", metavar="NAMES", help="comma-separated checks (see --list)"
     )
@@ -64,7 +94,6 @@ def register(subparsers: Any) -> None:
         help="deadline of each check, replacing the per-check defaults",
     )
     p.add_argument("--node", help="node name in the results (default: short host name)")
-    p.set_defaults(func=handler)
 
 
 def resolve_names(

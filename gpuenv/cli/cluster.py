@@ -177,6 +177,9 @@ def handler(args: argparse.Namespace) -> int:
         raise BadInput(
             "--check-args: --json, --junit, --node and --profile are set by gpuenv cluster"
         )
+    from gpuenv.cli.check import validate_node_args
+
+    validate_node_args("--check-args", check_args)
     output_target("--json", args.json, stdout_ok=True)
     output_target("--junit", args.junit)
     output_target("--html", args.html)

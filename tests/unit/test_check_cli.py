@@ -273,3 +273,102 @@ def test_a_run_without_the_probe_result_verifies_no_gpu():
     verdict = assess(load_thresholds(), "quick", NodeInfo(), results, REGISTRY, expect_gpus=8)
     assert not verdict.ok and not verdict.gpu_verified
     assert any("the probe (system) did not run" in p for p in verdict.problems)
+
+
+def test_a_report_folder_that_cannot_hold_a_file_is_bad_input(no_run, capsys, tmp_path):
+    """Permission bits do not tell as root: /proc and /sys pass them and refuse the file."""
+    for option, target in (("--json", "/proc/r.json"), ("--junit", "/sys/r.xml")):
+        code, err = _run(["check", option, target], capsys)
+        assert code == 2 and "Traceback" not in err
+        assert f"{option} {target}: folder" in err
+        assert len(err.strip().splitlines()) == 1
+
+    from gpuenv.cli.argtypes import output_target
+
+    output_target("--json", str(tmp_path / "r.json"))  # a writable folder is accepted
+    assert list(tmp_path.iterdir()) == []  # and the file made to try it is gone
+
+
+SMI_L = (
+    "GPU 0: NVIDIA H200 (UUID: GPU-1f2e3d4c-0000-1111-2222-333344445555)\n"
+    "GPU 1: NVIDIA H200 (UUID: GPU-9a8b7c6d-0000-1111-2222-333344445555)\n"
+)
+
+
+def test_nvidia_smi_list_gives_each_index_its_uuid():
+    from gpuenv.cli.argtypes import nvidia_smi_uuids
+
+    assert nvidia_smi_uuids(lambda argv: SMI_L) == {
+        "0": "GPU-1f2e3d4c-0000-1111-2222-333344445555",
+        "1": "GPU-9a8b7c6d-0000-1111-2222-333344445555",
+    }
+    assert nvidia_smi_uuids(lambda argv: None) is None  # no nvidia-smi, no driver
+
+
+@pytest.mark.parametrize(
+    ("spec", "bad"),
+    [
+        ("0,GPU-1f2e3d4c-0000-1111-2222-333344445555", "0 and GPU-1f2e3d4c"),
+        ("0,GPU-1f2e3d4c", "0 and GPU-1f2e3d4c name the same GPU"),  # a UUID prefix, as CUDA takes
+        ("GPU-9a8b7c6d,1", "GPU-9a8b7c6d and 1 name the same GPU"),
+        ("1,GPU-1f2e3d4c", None),
+        ("0,1", None),
+    ],
+)
+def test_a_gpu_named_by_index_and_by_uuid_is_bad_input(no_run, monkeypatch, capsys, spec, bad):
+    import gpuenv.cli.argtypes as argtypes
+
+    asked = []
+
+    def fake_smi(argv):
+        asked.append(argv)
+        return SMI_L
+
+    monkeypatch.setattr(argtypes, "_run_text", fake_smi)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
+    if bad is None:
+        argtypes.visible_devices(spec)  # accepted
+        return
+    code, err = _run(["check", "--json", "-"], capsys)
+    assert code == 2 and bad in err and "Traceback" not in err
+    assert asked == [["nvidia-smi", "-L"]]
+
+
+def test_plain_indices_never_ask_nvidia_smi(monkeypatch):
+    import gpuenv.cli.argtypes as argtypes
+
+    def boom(argv):
+        raise AssertionError("nvidia-smi asked for a list of indices only")
+
+    monkeypatch.setattr(argtypes, "_run_text", boom)
+    argtypes.visible_devices("0,1,2")
+
+
+@pytest.mark.parametrize(
+    ("check_args", "message"),
+    [
+        ("--only nosuch", "--check-args '--only nosuch': --only: unknown check(s) 'nosuch'"),
+        ("--only mpi,,bogus", "unknown check(s) 'bogus'"),
+        ("--expect-gpus eight", "--expect-gpus: expected a whole number >= 0, got 'eight'"),
+        ("--deadline 0", "--deadline: expected seconds"),
+        ("--frobnicate", "unrecognized arguments: --frobnicate"),
+        ("--list", "--list lists the checks and runs none"),
+    ],
+)
+def test_cluster_check_args_are_checked_before_any_launch(monkeypatch, capsys, check_args, message):
+    from gpuenv.cluster import inventory, pipeline
+
+    def boom(*_a, **_k):
+        raise AssertionError("nothing may be read or launched on bad input")
+
+    monkeypatch.setattr(inventory, "load", boom)
+    monkeypatch.setattr(pipeline, "validate", boom)
+    code, err = _run(["cluster", "-i", "hosts.yml", f"--check-args={check_args}"], capsys)
+    assert code == 2 and message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cluster_check_args_that_gpuenv_check_takes_pass(monkeypatch):
+    from gpuenv.cli.check import validate_node_args
+
+    validate_node_args("--check-args", ["--only", "mpi,ddp", "--expect-gpus", "8", "--strict"])
