@@ -82,8 +82,16 @@ def _options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a measurement without a threshold FAILs (default: SKIP naming what is missing)",
     )
-    p.add_argument(
-        "--thresholds", metavar="FILE", help="YAML overriding gpuenv/data/thresholds.yaml"
+    given = p.add_mutually_exclusive_group()
+    given.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help="YAML overriding gpuenv/data/thresholds.yaml and adding or filling GPU spec rows",
+    )
+    given.add_argument(
+        "--thresholds-text",
+        metavar="YAML",
+        help="the same, given as text (gpuenv cluster --thresholds hands a file to the nodes so)",
     )
     p.add_argument("--json", metavar="FILE", help="write the JSON run report ('-': stdout)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML")
@@ -127,7 +135,7 @@ def handler(args: argparse.Namespace) -> int:
     from gpuenv.checks.profiles import default_names, requirements, with_probe
     from gpuenv.checks.thresholds import load_specs, load_thresholds
 
-    thresholds = load_thresholds(args.thresholds)
+    thresholds = load_thresholds(args.thresholds, args.thresholds_text)
     requirements(thresholds, args.profile, gpu_node=True)  # an unknown profile stops here
     names = with_probe(
         REGISTRY,
@@ -142,7 +150,7 @@ def handler(args: argparse.Namespace) -> int:
         profile=args.profile,
         expect_gpus=args.expect_gpus,
         thresholds=thresholds,
-        specs=load_specs(),
+        specs=load_specs(thresholds.get("gpu_specs")),
         deadline_override_s=args.deadline,
         strict=args.strict,
     )

@@ -372,3 +372,68 @@ def test_cluster_check_args_that_gpuenv_check_takes_pass(monkeypatch):
     from gpuenv.cli.check import validate_node_args
 
     validate_node_args("--check-args", ["--only", "mpi,ddp", "--expect-gpus", "8", "--strict"])
+
+
+H20_FILE = (
+    "gpu_specs:\n  H20:\n    fp16_dense_tflops: 148\n    nvlink_gbps: 450\n"
+    "    source: our supplier's sheet\n"
+)
+
+
+def test_check_judges_with_the_rows_a_thresholds_file_fills(monkeypatch, tmp_path):
+    from gpuenv.checks.thresholds import model_spec
+
+    seen = {}
+    fake = _fake_run({}, 2)
+
+    def recording(ctx, names, progress=None, registry=None):
+        seen["row"] = model_spec(ctx.specs, {"name": "NVIDIA H20"})
+        return fake(ctx, names, progress, registry)
+
+    monkeypatch.setattr(gpuenv.checks.session, "run_checks", recording)
+    path = tmp_path / "t.yaml"
+    path.write_text(H20_FILE)
+    assert main(["check", "--thresholds", str(path)]) == 0
+    assert seen["row"]["fp16_dense_tflops"] == 148
+    assert main(["check", "--thresholds-text", H20_FILE]) == 0
+    assert seen["row"]["nvlink_gbps"] == 450
+
+
+def test_a_bad_thresholds_file_stops_check_and_cluster_before_anything(
+    no_run, monkeypatch, capsys, tmp_path
+):
+    from gpuenv.cluster import inventory, pipeline
+
+    def boom(*_a, **_k):
+        raise AssertionError("nothing may be read or launched on bad input")
+
+    monkeypatch.setattr(inventory, "load", boom)
+    monkeypatch.setattr(pipeline, "validate", boom)
+    path = tmp_path / "t.yaml"
+    path.write_text("gpu_specs:\n  h20: {fp16_dense_tflops: 148, source: s}\n")
+    for argv in (["check"], ["cluster", "-i", "hosts.yml"]):
+        code, err = _run([*argv, "--thresholds", str(path)], capsys)
+        assert code == 2 and "GPU key 'h20' is not a row key" in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_cluster_hands_its_thresholds_file_to_every_node(monkeypatch, tmp_path, capsys):
+    from gpuenv.cli import cluster as cluster_cli
+    from gpuenv.cluster import inventory
+
+    got = {}
+
+    def fake_run(opts, hosts, profile, thresholds, out, live):
+        got["opts"], got["thresholds"] = opts, thresholds
+        raise SystemExit(0)
+
+    monkeypatch.setattr(inventory, "load", lambda *_a, **_k: [])
+    monkeypatch.setattr(cluster_cli, "_run", fake_run)
+    path = tmp_path / "t.yaml"
+    path.write_text(H20_FILE)
+    _run(["cluster", "-i", "hosts.yml", "--thresholds", str(path), "--no-progress"], capsys)
+    args = got["opts"].check_args
+    assert args[args.index("--thresholds-text") + 1] == H20_FILE
+    assert got["thresholds"]["gpu_specs"]["H20"]["fp16_dense_tflops"] == 148
+    code, err = _run(["cluster", "-i", "h", "--check-args=--thresholds-text x"], capsys)
+    assert code == 2 and "set by gpuenv cluster" in err
