@@ -157,6 +157,26 @@ def _needs_two_nodes(result: Result) -> bool:
     return needs >= 2 or "multi-node runs need 2" in result.reason
 
 
+def _gpu_count(facts: Mapping[str, Any]) -> int:
+    """GPUs the cluster probe saw on a node (nvidia-smi, as CUDA_VISIBLE_DEVICES narrows it)."""
+    try:
+        return int(facts.get("gpu.count") or 0)
+    except ValueError:
+        return 0
+
+
+def _unchecked_gpu_nodes(report: ClusterReport) -> list[str]:
+    """Nodes with GPUs that have no `gpuenv check` report: the stages narrow what runs across
+    the nodes (``--skip check``), never what a GPU node must prove (``gpu_proof``)."""
+    ran = {r.node for r in report.results if r.check == "check"}  # its own ERROR says why
+    return [
+        f"{node}: GPU node ({_gpu_count(facts)} GPU(s) seen by nvidia-smi): GPUs not verified:"
+        " no gpuenv check ran there (the check stage was left out)"
+        for node, facts in report.facts.items()
+        if _gpu_count(facts) and node not in report.node_reports and node not in ran
+    ]
+
+
 def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterReport) -> Verdict:
     """The rules for a whole cluster: every node's own verdict, and the cluster-wide checks the
     profile requires (those of the stages that ran: not the ones left out).
@@ -184,8 +204,9 @@ def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterR
             and EXCUSED_ONE_NODE not in result.reason
         ):
             result.reason = f"{result.reason} ({EXCUSED_ONE_NODE})"
+    problems += _unchecked_gpu_nodes(report)
     kinds = {run.verdict.node_kind for run in report.node_reports.values()}
-    gpu = "gpu" in kinds
+    gpu = "gpu" in kinds or any(_gpu_count(f) for f in report.facts.values())
     cluster = {r.check: r for r in report.results if r.node == "cluster"}
     wanted = requirements(thresholds, profile, gpu, "cluster")
     required: list[str] = []

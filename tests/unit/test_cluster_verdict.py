@@ -65,3 +65,23 @@ def test_the_excuse_is_said_once_when_judged_twice():
     assert again.ok
     reasons = [r.reason for r in report.results if r.check == "consistency"]
     assert reasons[0].count(EXCUSED_ONE_NODE) == 1
+
+
+def test_leaving_out_the_check_stage_never_passes_a_gpu_node():
+    report = _judge(["node1", "node2"], stages=("consistency",))
+    report.node_reports.clear()
+    report.results = [r for r in report.results if r.node == "cluster" or r.check == "reach"]
+    report.facts["node2"]["gpu.count"] = "8"
+    verdict = assess_cluster(load_thresholds(), "cpu", report)
+    assert not verdict.ok and verdict.node_kind == "gpu"
+    assert (
+        "node2: GPU node (8 GPU(s) seen by nvidia-smi): GPUs not verified: no gpuenv check ran"
+        " there (the check stage was left out)"
+    ) in verdict.problems
+    report.facts["node2"]["gpu.count"] = "0"  # CPU-only nodes: the stage may be left out
+    assert assess_cluster(load_thresholds(), "cpu", report).ok
+
+
+def test_the_probe_facts_are_in_the_report_without_the_consistency_stage():
+    report = _judge(["node1"], stages=("rendezvous",))
+    assert "gpu.count" in report.facts["node1"]
