@@ -1,8 +1,11 @@
 """The verdict rules of a node run: which checks a profile requires, and when a run is OK.
 
 A run is OK only when nothing FAILed or ERRORed, every check the profile requires for this kind
-of node PASSed, and something was verified at all. A SKIP is never a silent pass: a required
-check that skipped makes the run not OK, and the console groups every SKIP by its reason.
+of node PASSed, something was verified at all, and, on a GPU node, its GPUs were verified
+(``gpu_proof``) whatever ``--only`` selected. A SKIP is never a silent pass: a required check
+that skipped makes the run not OK, and the console groups every SKIP by its reason. On a cluster
+(``assess_cluster``) the checks that need two nodes are excused on a one-node cluster, and the
+excused SKIP says so.
 """
 
 from __future__ import annotations
@@ -48,6 +51,43 @@ def default_names(
     return [n for n, c in registry.items() if not is_optional(c) or n in wanted]
 
 
+def with_probe(registry: Mapping[str, Check], names: Sequence[str]) -> list[str]:
+    """``names`` and the probe, in registry order: the probe runs first in every run anyway, and
+    its verdict (the GPUs the bus shows, all seen by the driver) counts whatever ``--only`` says."""
+    return [n for n, c in registry.items() if n in names or c.PLACEMENT is Placement.PROBE]
+
+
+def gpu_proof(
+    node: NodeInfo, results: Sequence[Result], registry: Mapping[str, Check]
+) -> str | None:
+    """Why the GPUs of a GPU node were not verified by this run; None when they were.
+
+    ``--only`` (and ``--expect-gpus``) narrow what runs, never what a GPU node must prove: the
+    probe PASSed (the driver sees every GPU the bus shows, or ``--expect-gpus`` says), and a check
+    that runs one rank on every visible GPU (GPU placement) PASSed. NVML listing a GPU is not the
+    GPU computing.
+    """
+    by_name = {r.check: r for r in results}
+    probe = next((n for n, c in registry.items() if c.PLACEMENT is Placement.PROBE), None)
+    seen = by_name.get(probe) if probe else None
+    if seen is None:
+        return f"GPU node ({_node_words(node)}): GPUs not verified: the probe ({probe}) did not run"
+    if seen.status is not Status.PASS:
+        return (
+            f"GPU node ({_node_words(node)}): GPUs not verified:"
+            f" {probe} {seen.status.value}: {seen.reason}"
+        )
+    on_gpus = [n for n, c in registry.items() if c.PLACEMENT is Placement.GPU]
+    if any(by_name[n].status is Status.PASS for n in on_gpus if n in by_name):
+        return None
+    ran = [n for n in on_gpus if n in by_name]
+    why = "none of them passed" if ran else "none of them was selected (--only)"
+    return (
+        f"GPU node ({_node_words(node)}): GPUs not verified: no check that runs on every GPU"
+        f" ({', '.join(on_gpus)}) passed; {why}"
+    )
+
+
 def assess(
     thresholds: Mapping[str, Any],
     profile: str,
@@ -82,13 +122,12 @@ def assess(
             result = by_name[name]
             if result.status is Status.SKIP:
                 problems.append(f"required check {name} did not run: {result.reason}")
-    passed = [r for r in results if r.status is Status.PASS]
-    if not passed:
+    if not any(r.status is Status.PASS for r in results):
         problems.append("nothing was verified: no check passed")
-    probe = next((n for n, c in registry.items() if c.PLACEMENT is Placement.PROBE), None)
-    # A GPU is verified when a check other than the probe passed on a node with GPUs to use:
-    # NVML listing a GPU is not the GPU computing.
-    gpu_verified = bool(node.gpus) and any(r.check != probe for r in passed)
+    unverified = gpu_proof(node, results, registry) if node.gpus or gpu_node else "no GPU"
+    if gpu_node and unverified and not any(unverified.endswith(p) for p in problems):
+        problems.append(unverified)
+    gpu_verified = bool(node.gpus) and unverified is None
     return Verdict(
         ok=not problems,
         profile=profile,
@@ -107,10 +146,46 @@ def _node_words(node: NodeInfo) -> str:
     return "no NVIDIA GPU on the PCI bus or through NVML"
 
 
+# What the verdict appends to the reason of a SKIP it excuses, so that every report says so.
+EXCUSED_ONE_NODE = "excused: not required on a one-node cluster"
+
+
+def _needs_two_nodes(result: Result) -> bool:
+    """A cluster check that cannot mean anything on one node: one that compares nodes (it says so
+    with ``details.needs_nodes``) or a multi-node run the pipeline did not start."""
+    needs = int(result.details.get("needs_nodes", 1))
+    return needs >= 2 or "multi-node runs need 2" in result.reason
+
+
+def _gpu_count(facts: Mapping[str, Any]) -> int:
+    """GPUs the cluster probe saw on a node (nvidia-smi, as CUDA_VISIBLE_DEVICES narrows it)."""
+    try:
+        return int(facts.get("gpu.count") or 0)
+    except ValueError:
+        return 0
+
+
+def _unchecked_gpu_nodes(report: ClusterReport) -> list[str]:
+    """Nodes with GPUs that have no `gpuenv check` report: the stages narrow what runs across
+    the nodes (``--skip check``), never what a GPU node must prove (``gpu_proof``)."""
+    ran = {r.node for r in report.results if r.check == "check"}  # its own ERROR says why
+    return [
+        f"{node}: GPU node ({_gpu_count(facts)} GPU(s) seen by nvidia-smi): GPUs not verified:"
+        " no gpuenv check ran there (the check stage was left out)"
+        for node, facts in report.facts.items()
+        if _gpu_count(facts) and node not in report.node_reports and node not in ran
+    ]
+
+
 def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterReport) -> Verdict:
     """The rules for a whole cluster: every node's own verdict, and the cluster-wide checks the
-    profile requires (those of the stages that ran: not the ones left out, nor multi-node runs
-    of a one-node cluster)."""
+    profile requires (those of the stages that ran: not the ones left out).
+
+    A cluster of one node (``--limit node1``) is judged by the checks that make sense for one
+    node: a SKIP of a check that needs two nodes (consistency, the multi-node runs, the pair
+    matrix) is excused there, and its reason says so (``EXCUSED_ONE_NODE``). On a cluster of
+    several nodes of which only one answered, it is not: those nodes were meant to be compared.
+    """
     problems = [
         f"{r.node} {r.check} {r.status.value}: {r.reason}"
         for r in report.results
@@ -119,8 +194,19 @@ def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterR
     for node, run in report.node_reports.items():
         problems += [f"{node}: {p}" for p in run.verdict.problems if " FAIL: " not in p
                      and " ERROR: " not in p]  # fmt: skip
+    one_node = len(report.hosts) == 1
+    for result in report.results:
+        if (
+            one_node
+            and result.node == "cluster"
+            and result.status is Status.SKIP
+            and _needs_two_nodes(result)
+            and EXCUSED_ONE_NODE not in result.reason
+        ):
+            result.reason = f"{result.reason} ({EXCUSED_ONE_NODE})"
+    problems += _unchecked_gpu_nodes(report)
     kinds = {run.verdict.node_kind for run in report.node_reports.values()}
-    gpu = "gpu" in kinds
+    gpu = "gpu" in kinds or any(_gpu_count(f) for f in report.facts.values())
     cluster = {r.check: r for r in report.results if r.node == "cluster"}
     wanted = requirements(thresholds, profile, gpu, "cluster")
     required: list[str] = []
@@ -133,7 +219,7 @@ def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterR
             result = cluster.get(name)
             if result is None:
                 continue  # its stage was left out
-            if result.status is Status.SKIP and "multi-node runs need 2" in result.reason:
+            if result.status is Status.SKIP and EXCUSED_ONE_NODE in result.reason:
                 continue
             required.append(name)
             if result.status is Status.SKIP:

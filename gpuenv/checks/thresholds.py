@@ -1,7 +1,15 @@
-"""Load the shipped thresholds and GPU specs, merge a user's override file, validate it."""
+"""Load the shipped thresholds and GPU specs, merge a user's override file, validate it.
+
+A user's file (``--thresholds FILE``, docs/checks.md) has the shape of the shipped
+thresholds.yaml, and may also add or fill GPU spec rows under ``gpu_specs`` (the rows of
+gpu_specs.yaml, by their key). Everything in it is checked before anything runs: an unknown key,
+a GPU key of the wrong shape, an unknown check in ``requires``, a value of the wrong type is
+bad input naming it.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +22,15 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 LINK_TYPES = ("NVLink", "PCIe")
 # Mappings whose keys are not fixed by the shipped file (GPU model names).
 _OPEN_MAPS = {("nccl", "efficiency")}
+# A spec row's key, as gpu_specs.yaml spells them (H200-SXM, RTX-4090, A100-PCIE-40GB).
+ROW_KEY = re.compile(r"^[A-Z0-9][A-Z0-9-]*$")
+PCI_ID = re.compile(r"^0x[0-9a-f]{4}$")
+# What a user's row may set: the figures the checks judge by, what it matches, where it is from.
+ROW_FIGURES = ("fp16_dense_tflops", "bf16_dense_tflops", "nvlink_gbps", "pcie_gen")
+ROW_FIELDS = ("names", "pci_ids", *ROW_FIGURES, "source")
+# The scopes of a profile's ``requires``, and the names each may hold.
+NODE_SCOPES = ("gpu_node", "cpu_node")
+CLUSTER_SCOPES = ("gpu_cluster", "cpu_cluster")
 
 
 def _load_yaml(path: Path, what: str) -> dict[str, Any]:
@@ -30,8 +47,23 @@ def _load_yaml(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def load_specs() -> dict[str, Any]:
-    return _load_yaml(DATA_DIR / "gpu_specs.yaml", "GPU spec table")
+def load_specs(rows: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The shipped GPU spec table, with ``rows`` (a thresholds file's ``gpu_specs``, already
+    validated by load_thresholds) filling the rows of their key or added as new rows."""
+    specs = _load_yaml(DATA_DIR / "gpu_specs.yaml", "GPU spec table")
+    by_key = {row["key"]: row for row in specs.get("models", [])}
+    for key, fields in (rows or {}).items():
+        row = by_key.get(key)
+        if row is None:
+            row = {"key": key, "names": [], "pci_ids": [], **dict.fromkeys(ROW_FIGURES)}
+            specs["models"].append(row)
+            by_key[key] = row
+        for field, value in fields.items():
+            if field in ("names", "pci_ids"):
+                row[field] = [*row[field], *(v for v in value if v not in row[field])]
+            else:
+                row[field] = value
+    return specs
 
 
 def _is_number(value: Any) -> bool:
@@ -93,17 +125,132 @@ def _merge_efficiency(base: Any, value: Any, path: tuple[str, ...], source: str)
     return merged
 
 
-def load_thresholds(override: str | Path | None = None) -> dict[str, Any]:
-    """The shipped thresholds, with ``override`` (a user's YAML file) merged over them."""
+def load_thresholds(override: str | Path | None = None, text: str | None = None) -> dict[str, Any]:
+    """The shipped thresholds, with a user's YAML merged over them: the file ``override``, or
+    ``text`` (that file's content, as `gpuenv cluster` hands it to the nodes)."""
     shipped = _load_yaml(DATA_DIR / "thresholds.yaml", "shipped thresholds")
-    if override is None:
+    if override is None and text is None:
         return shipped
-    user = _load_yaml(Path(override), "thresholds file")
-    merged = _merge(shipped, user, (), str(override))
+    source = str(override) if override is not None else "(--thresholds-text)"
+    user = _load_yaml(Path(override), "thresholds file") if override is not None else _parse(text)
+    rows = _user_rows(user.pop("gpu_specs", None) or {}, source)
+    merged = _merge(shipped, user, (), source)
+    merged["gpu_specs"] = rows
     for key in ("gemm_efficiency", "copy_efficiency"):
         if not 0 < merged["cupy"][key] <= 1.5:
-            raise BadInput(f"thresholds file {override}: cupy.{key} must be in (0, 1.5]")
+            raise BadInput(f"thresholds file {source}: cupy.{key} must be in (0, 1.5]")
+    _check_requires(merged, shipped, source)
+    row_keys = {row["key"] for row in load_specs(rows)["models"]}
+    unknown = sorted(set(merged["nccl"]["efficiency"]) - row_keys - {"default"})
+    if unknown:
+        raise BadInput(
+            f"thresholds file {source}: nccl.efficiency: unknown GPU key(s)"
+            f" {', '.join(map(repr, unknown))}: a gpu_specs.yaml row key (e.g. H200-SXM), one"
+            " added under gpu_specs, or default"
+        )
     return merged
+
+
+def _parse(text: str | None) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text or "")
+    except yaml.YAMLError as exc:
+        raise BadInput(f"--thresholds-text: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadInput("--thresholds-text: expected a mapping at the top")
+    return data
+
+
+def _check_requires(merged: Mapping[str, Any], shipped: Mapping[str, Any], source: str) -> None:
+    """Every profile's ``requires`` names known checks: node scopes the registry's, cluster
+    scopes those the shipped profiles name (the cluster stages' results)."""
+    from gpuenv.checks import REGISTRY
+
+    known = {scope: sorted(REGISTRY) for scope in NODE_SCOPES}
+    cluster = sorted(
+        {
+            str(name)
+            for profile in shipped["profiles"].values()
+            for scope in CLUSTER_SCOPES
+            for name in profile["requires"].get(scope) or []
+        }
+    )
+    known.update(dict.fromkeys(CLUSTER_SCOPES, cluster))
+    for name, profile in merged["profiles"].items():
+        for scope, names in profile.get("requires", {}).items():
+            where = f"profiles.{name}.requires.{scope}"
+            if names is None:
+                continue
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise BadInput(
+                    f"thresholds file {source}: {where} must be a list of check names or null"
+                )
+            unknown = [n for n in names if n not in known[scope]]
+            if unknown:
+                raise BadInput(
+                    f"thresholds file {source}: {where}: unknown check(s)"
+                    f" {', '.join(map(repr, unknown))}; known: {', '.join(known[scope])}"
+                )
+
+
+def _user_rows(rows: Any, source: str) -> dict[str, dict[str, Any]]:
+    """A thresholds file's ``gpu_specs``: each key a shipped row to fill, or a new row that says
+    which GPUs it matches; every figure of the type the checks judge by, with its source."""
+    if not isinstance(rows, dict):
+        raise BadInput(f"thresholds file {source}: gpu_specs must map GPU keys to rows")
+    shipped = _load_yaml(DATA_DIR / "gpu_specs.yaml", "GPU spec table")
+    by_key = {row["key"]: row for row in shipped["models"]}
+    generations = shipped["pcie"]["generations"]
+    owner = {
+        value: row["key"] for row in shipped["models"] for value in row["names"] + row["pci_ids"]
+    }
+    checked: dict[str, dict[str, Any]] = {}
+    for key, row in rows.items():
+        where = f"thresholds file {source}: gpu_specs.{key}"
+        if not isinstance(key, str) or not ROW_KEY.match(key):
+            raise BadInput(
+                f"thresholds file {source}: gpu_specs: GPU key {key!r} is not a row key"
+                " (capitals, digits and dashes, as gpu_specs.yaml spells them: H20, RTX-4090)"
+            )
+        if not isinstance(row, dict):
+            raise BadInput(f"{where} must be a mapping of {', '.join(ROW_FIELDS)}")
+        unknown = sorted(set(map(str, row)) - set(ROW_FIELDS))
+        if unknown:
+            raise BadInput(
+                f"{where}: unknown key(s) {', '.join(map(repr, unknown))}"
+                f" (known here: {', '.join(ROW_FIELDS)})"
+            )
+        for field in ("names", "pci_ids"):
+            values = row.get(field, [])
+            pattern = PCI_ID if field == "pci_ids" else None
+            if not isinstance(values, list) or not all(
+                isinstance(v, str) and v.strip() and (pattern is None or pattern.match(v))
+                for v in values
+            ):
+                shape = "PCI device ids such as '0x2329'" if pattern else "exact NVML names"
+                raise BadInput(f"{where}.{field} must be a list of {shape}")
+            taken = [f"{v!r} (row {owner[v]})" for v in values if owner.get(v, key) != key]
+            if taken:
+                raise BadInput(
+                    f"{where}.{field}: already matched by another row: {', '.join(taken)}"
+                )
+            owner.update(dict.fromkeys(values, key))
+        for field in ROW_FIGURES:
+            value = row.get(field)
+            if field == "pcie_gen":
+                if value is not None and value not in generations:
+                    raise BadInput(f"{where}.pcie_gen must be one of {sorted(generations)} or null")
+            elif value is not None and not (_is_number(value) and value > 0):
+                raise BadInput(f"{where}.{field} must be a number > 0 or null, got {value!r}")
+        if not isinstance(row.get("source"), str) or not row["source"].strip():
+            raise BadInput(f"{where}.source: say where the figures come from (a datasheet, a run)")
+        if key not in by_key and not (row.get("names") or row.get("pci_ids")):
+            raise BadInput(
+                f"{where}: a new row must say which GPUs it matches (names or pci_ids);"
+                f" to fill a shipped row use its key ({', '.join(sorted(by_key))})"
+            )
+        checked[key] = dict(row)
+    return checked
 
 
 def model_spec(specs: Mapping[str, Any], gpu: Mapping[str, Any]) -> dict[str, Any] | None:

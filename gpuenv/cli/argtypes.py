@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 from collections.abc import Callable
+
+# `nvidia-smi -L` answers in well under a second; one that hangs (a GPU in a bad state) is not
+# waited for: the probe's own NVML reading decides then.
+NVIDIA_SMI_S = 10.0
 
 
 def positive(kind: type[int] | type[float], what: str) -> Callable[[str], int | float]:
@@ -48,24 +53,83 @@ def output_target(option: str, target: str | None, stdout_ok: bool = False) -> N
         raise BadInput(f"{option} {target}: folder {parent} is not writable")
     if path.exists() and not path.is_file():
         raise BadInput(f"{option} {target}: exists and is not a regular file")
+    # Permission bits do not tell (root may write anywhere by them, but not in /proc, /sys or a
+    # read-only mount): a file is made in the folder and removed, as the report will be.
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".gpuenv-write-test-"):
+            pass
+    except OSError as exc:
+        raise BadInput(
+            f"{option} {target}: folder {parent} cannot hold a file: {exc.strerror or exc}"
+        ) from None
 
 
-def visible_devices(spec: str | None) -> None:
-    """Refuse a CUDA_VISIBLE_DEVICES that names one GPU twice (two ranks on one GPU)."""
+def nvidia_smi_uuids(
+    run: Callable[[list[str]], str | None] | None = None,
+) -> dict[str, str] | None:
+    """GPU index -> UUID as `nvidia-smi -L` lists them (``GPU 0: NVIDIA H200 (UUID: GPU-...)``);
+    None when it cannot tell (no nvidia-smi, no driver, no answer in ``NVIDIA_SMI_S``)."""
+    import re
+
+    text = (run or _run_text)(["nvidia-smi", "-L"])
+    if text is None:
+        return None
+    found = re.findall(r"^GPU (\d+):.*\(UUID: (GPU-[0-9a-fA-F-]+)\)", text, re.MULTILINE)
+    return dict(found) or None
+
+
+def _run_text(argv: list[str]) -> str | None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=NVIDIA_SMI_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _gpu_of(item: str, uuids: dict[str, str] | None) -> str:
+    """The GPU an entry names, as its UUID where ``uuids`` can tell (an index, or a UUID prefix
+    as CUDA accepts it), else the entry itself."""
+    key = item.lower()
+    if uuids is None:
+        return key
+    if key.isdigit():
+        return uuids.get(str(int(key)), key)
+    matches = [u for u in uuids.values() if u.lower().startswith(key)]
+    return matches[0] if len(matches) == 1 else key
+
+
+def visible_devices(
+    spec: str | None,
+    uuids: Callable[[], dict[str, str] | None] = nvidia_smi_uuids,
+) -> None:
+    """Refuse a CUDA_VISIBLE_DEVICES that names one GPU twice (two ranks on one GPU): the same
+    entry twice (``0,0``), or one GPU by index and by UUID (``0,GPU-<GPU 0's UUID>``), told
+    apart by the UUIDs `nvidia-smi -L` lists (asked only when the list mixes the two forms)."""
     from gpuenv.errors import BadInput
 
     if not spec:
         return
     items = [s.strip() for s in spec.split(",") if s.strip()]
-    seen: set[str] = set()
-    dupes = []
+    mixed = any(i.isdigit() for i in items) and not all(i.isdigit() for i in items)
+    table = uuids() if mixed else None
+    seen: dict[str, str] = {}
+    twice: list[str] = []
     for item in items:
-        key = item.lower()
-        if key in seen and item not in dupes:
-            dupes.append(item)
-        seen.add(key)
-    if dupes:
+        key = _gpu_of(item, table)
+        if key not in seen:
+            seen[key] = item
+            continue
+        first = seen[key]
+        if item.lower() == first.lower():
+            said = f"names {item} more than once"
+        else:
+            said = f"{first} and {item} name the same GPU ({key})"
+        if said not in twice:
+            twice.append(said)
+    if twice:
         raise BadInput(
-            f"CUDA_VISIBLE_DEVICES={spec}: names {', '.join(dupes)} more than once; each GPU"
-            " may be listed once (ranks would share a GPU and NCCL refuses that)"
+            f"CUDA_VISIBLE_DEVICES={spec}: {'; '.join(twice)}; each GPU may be listed once"
+            " (ranks would share a GPU and NCCL refuses that)"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import shlex
 import socket
 import sys
 import time
@@ -31,6 +32,35 @@ def register(subparsers: Any) -> None:
         description="Run the node checks under deadlines; exit 0 when the run is OK by its"
         " profile's rules, 1 when not, 2 on bad input (nothing run).",
     )
+    _options(p)
+    p.set_defaults(func=handler)
+
+
+class _Refusing(argparse.ArgumentParser):
+    """A parser whose error is BadInput (one line, exit 2) instead of usage text and an exit."""
+
+    def error(self, message: str) -> Any:
+        raise BadInput(message)
+
+
+def validate_node_args(option: str, argv: list[str]) -> None:
+    """Refuse, on the controller and before anything is launched, arguments that `gpuenv check`
+    on the nodes would refuse: an unknown option or check name, a bad number. Files named in
+    them (``--thresholds``) are the nodes' and are read there."""
+    from gpuenv.checks import REGISTRY
+
+    parser = _Refusing(prog="gpuenv check", add_help=False)
+    _options(parser)
+    try:
+        args = parser.parse_args(argv)
+        if args.list:
+            raise BadInput("--list lists the checks and runs none")
+        resolve_names(args.only, list(REGISTRY))
+    except BadInput as exc:
+        raise BadInput(f"{option} {shlex.join(argv)!r}: {exc}") from None
+
+
+def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--only", action="append", metavar="NAMES", help="comma-separated checks (see --list)"
     )
@@ -52,8 +82,16 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="a measurement without a threshold FAILs (default: SKIP naming what is missing)",
     )
-    p.add_argument(
-        "--thresholds", metavar="FILE", help="YAML overriding gpuenv/data/thresholds.yaml"
+    given = p.add_mutually_exclusive_group()
+    given.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help="YAML overriding gpuenv/data/thresholds.yaml and adding or filling GPU spec rows",
+    )
+    given.add_argument(
+        "--thresholds-text",
+        metavar="YAML",
+        help="the same, given as text (gpuenv cluster --thresholds hands a file to the nodes so)",
     )
     p.add_argument("--json", metavar="FILE", help="write the JSON run report ('-': stdout)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML")
@@ -64,7 +102,6 @@ def register(subparsers: Any) -> None:
         help="deadline of each check, replacing the per-check defaults",
     )
     p.add_argument("--node", help="node name in the results (default: short host name)")
-    p.set_defaults(func=handler)
 
 
 def resolve_names(
@@ -95,13 +132,14 @@ def handler(args: argparse.Namespace) -> int:
         return 0
     # Everything the run needs is loaded and validated before anything runs.
     from gpuenv.checks.base import Context
-    from gpuenv.checks.profiles import default_names, requirements
+    from gpuenv.checks.profiles import default_names, requirements, with_probe
     from gpuenv.checks.thresholds import load_specs, load_thresholds
 
-    thresholds = load_thresholds(args.thresholds)
+    thresholds = load_thresholds(args.thresholds, args.thresholds_text)
     requirements(thresholds, args.profile, gpu_node=True)  # an unknown profile stops here
-    names = resolve_names(
-        args.only, list(REGISTRY), default_names(REGISTRY, thresholds, args.profile)
+    names = with_probe(
+        REGISTRY,
+        resolve_names(args.only, list(REGISTRY), default_names(REGISTRY, thresholds, args.profile)),
     )
     output_target("--json", args.json, stdout_ok=True)
     output_target("--junit", args.junit)
@@ -112,7 +150,7 @@ def handler(args: argparse.Namespace) -> int:
         profile=args.profile,
         expect_gpus=args.expect_gpus,
         thresholds=thresholds,
-        specs=load_specs(),
+        specs=load_specs(thresholds.get("gpu_specs")),
         deadline_override_s=args.deadline,
         strict=args.strict,
     )

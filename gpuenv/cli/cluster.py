@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuenv.cli.argtypes import output_target, positive
@@ -127,6 +128,11 @@ def register(subparsers: Any) -> None:
         default="",
         help="more arguments for `gpuenv check` on the nodes (e.g. '--expect-gpus 8')",
     )
+    p.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help="a thresholds file (docs/checks.md): checked here, judged by here and on the nodes",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=handler)
 
@@ -173,10 +179,14 @@ def handler(args: argparse.Namespace) -> int:
         check_args = shlex.split(args.check_args)
     except ValueError as exc:
         raise BadInput(f"--check-args: {exc}") from exc
-    if {"--json", "--junit", "--node", "--profile"} & set(check_args):
+    if {"--json", "--junit", "--node", "--profile", "--thresholds-text"} & set(check_args):
         raise BadInput(
-            "--check-args: --json, --junit, --node and --profile are set by gpuenv cluster"
+            "--check-args: --json, --junit, --node, --profile and --thresholds-text are set by"
+            " gpuenv cluster"
         )
+    from gpuenv.cli.check import validate_node_args
+
+    validate_node_args("--check-args", check_args)
     output_target("--json", args.json, stdout_ok=True)
     output_target("--junit", args.junit)
     output_target("--html", args.html)
@@ -184,7 +194,12 @@ def handler(args: argparse.Namespace) -> int:
     from gpuenv.checks.profiles import requirements
     from gpuenv.checks.thresholds import load_thresholds
 
-    thresholds = load_thresholds()
+    thresholds = load_thresholds(args.thresholds)
+    if args.thresholds:
+        if "--thresholds" in check_args:
+            raise BadInput("--thresholds: give it once (here, or a node path in --check-args)")
+        # The nodes judge with the same file: its text goes with their command line.
+        check_args += ["--thresholds-text", Path(args.thresholds).read_text(encoding="utf-8")]
     requirements(thresholds, args.profile, gpu_node=True)  # an unknown profile stops here
     required = [
         name

@@ -135,6 +135,8 @@ def probe_stage(state: State) -> None:
             if not out.ok:
                 raise ValueError(out.why())
             state.probes[name] = out.json()
+            # The verdict reads them (a GPU node must be verified), consistency or not.
+            state.report.facts[name] = dict(state.probes[name].get("facts", {}))
         except ValueError as exc:
             state.add(Result("reach", name, Status.FAIL, f"node did not answer: {exc}",
                              duration_s=out.duration_s))  # fmt: skip

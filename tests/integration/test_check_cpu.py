@@ -63,7 +63,9 @@ def test_hung_ddp_rank_fails_in_time_is_named_and_leaves_nothing(tmp_path):
     )
     elapsed = time.monotonic() - t0
     assert done.returncode == 1, done.stdout + done.stderr
-    (result,) = json.loads(out.read_text())["results"]
+    # The probe (system) reports in every run; --only ddp adds the one check.
+    system, result = json.loads(out.read_text())["results"]
+    assert (system["check"], result["check"]) == ("system", "ddp")
     assert result["status"] == "FAIL"
     assert "rank 1" in result["reason"] and "did not keep up" in result["reason"]
     assert result["details"]["ranks_behind"] == [1]
@@ -103,6 +105,7 @@ def test_a_frozen_mpi_rank_is_named_though_both_entered_bcast(tmp_path):
         {"GPUENV_FAULT": "freeze:rank=1:check=mpi:stage=bcast"},
     )
     assert done.returncode == 1, done.stdout + done.stderr
-    (result,) = json.loads(out.read_text())["results"]
+    system, result = json.loads(out.read_text())["results"]
+    assert (system["check"], result["check"]) == ("system", "mpi")
     assert result["details"]["ranks_behind"] == [1], result
     assert "frozen in 'bcast'" in result["reason"]

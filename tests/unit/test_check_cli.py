@@ -206,3 +206,234 @@ def test_node_side_imports_no_controller_or_gpu_library():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("argv", "statuses", "gpus", "pci", "needle"),
+    [
+        # GPUs on the bus, no driver: --only leaves out every GPU check, the probe still counts.
+        (
+            ["--only", "mpi"],
+            {"system": Status.FAIL},
+            0,
+            ("0000:17:00.0", "0000:18:00.0"),
+            "system FAIL",
+        ),
+        (["--only", "ddp"], {"system": Status.FAIL}, 0, ("0000:17:00.0",), "system FAIL"),
+        # A healthy GPU node: --only mpi / ddp / system prove nothing about its GPUs.
+        (["--only", "mpi"], {}, 2, ("0000:17:00.0", "0000:18:00.0"), "GPUs not verified"),
+        (["--only", "ddp"], {}, 2, (), "none of them was selected (--only)"),
+        (["--only", "system"], {}, 2, (), "no check that runs on every GPU"),
+        # The GPU checks ran and none passed.
+        (
+            ["--only", "cupy,mpi"],
+            {"cupy": Status.SKIP},
+            2,
+            (),
+            "none of them passed",
+        ),
+        # --expect-gpus 8 on a machine with no GPU at all.
+        (["--expect-gpus", "8", "--only", "mpi"], {"system": Status.FAIL}, 0, (), "system FAIL"),
+    ],
+)
+def test_only_never_narrows_what_a_gpu_node_must_prove(
+    monkeypatch, capsys, tmp_path, argv, statuses, gpus, pci, needle
+):
+    asked = []
+    fake = _fake_run(statuses, gpus, pci)
+
+    def recording(ctx, names, progress=None, registry=None):
+        asked.extend(names)
+        return fake(ctx, names, progress, registry)
+
+    monkeypatch.setattr(gpuenv.checks.session, "run_checks", recording)
+    out = tmp_path / "r.json"
+    assert main(["check", *argv, "--json", str(out)]) == 1
+    assert asked[0] == "system"  # the probe always reports
+    data = json.loads(out.read_text())
+    assert data["verdict"]["node_kind"] == "gpu"
+    assert data["verdict"]["gpu_verified"] is False
+    captured = capsys.readouterr()
+    assert needle in captured.out + json.dumps(data["verdict"])
+    assert "verdict: NOT OK" in captured.out
+
+
+def test_only_a_gpu_check_on_a_healthy_gpu_node_verifies_its_gpus(monkeypatch, capsys):
+    monkeypatch.setattr(gpuenv.checks.session, "run_checks", _fake_run({}, 2))
+    assert main(["check", "--only", "cupy"]) == 0
+    assert "GPUs verified" in capsys.readouterr().out
+
+
+def test_a_run_without_the_probe_result_verifies_no_gpu():
+    from gpuenv.checks import REGISTRY
+    from gpuenv.checks.profiles import assess
+    from gpuenv.checks.thresholds import load_thresholds
+
+    results = [Result("mpi", "n1", Status.PASS, "ok"), Result("cupy", "n1", Status.PASS, "ok")]
+    verdict = assess(load_thresholds(), "quick", NodeInfo(), results, REGISTRY, expect_gpus=8)
+    assert not verdict.ok and not verdict.gpu_verified
+    assert any("the probe (system) did not run" in p for p in verdict.problems)
+
+
+def test_a_report_folder_that_cannot_hold_a_file_is_bad_input(no_run, capsys, tmp_path):
+    """Permission bits do not tell as root: /proc and /sys pass them and refuse the file."""
+    for option, target in (("--json", "/proc/r.json"), ("--junit", "/sys/r.xml")):
+        code, err = _run(["check", option, target], capsys)
+        assert code == 2 and "Traceback" not in err
+        assert f"{option} {target}: folder" in err
+        assert len(err.strip().splitlines()) == 1
+
+    from gpuenv.cli.argtypes import output_target
+
+    output_target("--json", str(tmp_path / "r.json"))  # a writable folder is accepted
+    assert list(tmp_path.iterdir()) == []  # and the file made to try it is gone
+
+
+SMI_L = (
+    "GPU 0: NVIDIA H200 (UUID: GPU-1f2e3d4c-0000-1111-2222-333344445555)\n"
+    "GPU 1: NVIDIA H200 (UUID: GPU-9a8b7c6d-0000-1111-2222-333344445555)\n"
+)
+
+
+def test_nvidia_smi_list_gives_each_index_its_uuid():
+    from gpuenv.cli.argtypes import nvidia_smi_uuids
+
+    assert nvidia_smi_uuids(lambda argv: SMI_L) == {
+        "0": "GPU-1f2e3d4c-0000-1111-2222-333344445555",
+        "1": "GPU-9a8b7c6d-0000-1111-2222-333344445555",
+    }
+    assert nvidia_smi_uuids(lambda argv: None) is None  # no nvidia-smi, no driver
+
+
+@pytest.mark.parametrize(
+    ("spec", "bad"),
+    [
+        ("0,GPU-1f2e3d4c-0000-1111-2222-333344445555", "0 and GPU-1f2e3d4c"),
+        ("0,GPU-1f2e3d4c", "0 and GPU-1f2e3d4c name the same GPU"),  # a UUID prefix, as CUDA takes
+        ("GPU-9a8b7c6d,1", "GPU-9a8b7c6d and 1 name the same GPU"),
+        ("1,GPU-1f2e3d4c", None),
+        ("0,1", None),
+    ],
+)
+def test_a_gpu_named_by_index_and_by_uuid_is_bad_input(no_run, monkeypatch, capsys, spec, bad):
+    import gpuenv.cli.argtypes as argtypes
+
+    asked = []
+
+    def fake_smi(argv):
+        asked.append(argv)
+        return SMI_L
+
+    monkeypatch.setattr(argtypes, "_run_text", fake_smi)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
+    if bad is None:
+        argtypes.visible_devices(spec)  # accepted
+        return
+    code, err = _run(["check", "--json", "-"], capsys)
+    assert code == 2 and bad in err and "Traceback" not in err
+    assert asked == [["nvidia-smi", "-L"]]
+
+
+def test_plain_indices_never_ask_nvidia_smi(monkeypatch):
+    import gpuenv.cli.argtypes as argtypes
+
+    def boom(argv):
+        raise AssertionError("nvidia-smi asked for a list of indices only")
+
+    monkeypatch.setattr(argtypes, "_run_text", boom)
+    argtypes.visible_devices("0,1,2")
+
+
+@pytest.mark.parametrize(
+    ("check_args", "message"),
+    [
+        ("--only nosuch", "--check-args '--only nosuch': --only: unknown check(s) 'nosuch'"),
+        ("--only mpi,,bogus", "unknown check(s) 'bogus'"),
+        ("--expect-gpus eight", "--expect-gpus: expected a whole number >= 0, got 'eight'"),
+        ("--deadline 0", "--deadline: expected seconds"),
+        ("--frobnicate", "unrecognized arguments: --frobnicate"),
+        ("--list", "--list lists the checks and runs none"),
+    ],
+)
+def test_cluster_check_args_are_checked_before_any_launch(monkeypatch, capsys, check_args, message):
+    from gpuenv.cluster import inventory, pipeline
+
+    def boom(*_a, **_k):
+        raise AssertionError("nothing may be read or launched on bad input")
+
+    monkeypatch.setattr(inventory, "load", boom)
+    monkeypatch.setattr(pipeline, "validate", boom)
+    code, err = _run(["cluster", "-i", "hosts.yml", f"--check-args={check_args}"], capsys)
+    assert code == 2 and message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cluster_check_args_that_gpuenv_check_takes_pass(monkeypatch):
+    from gpuenv.cli.check import validate_node_args
+
+    validate_node_args("--check-args", ["--only", "mpi,ddp", "--expect-gpus", "8", "--strict"])
+
+
+H20_FILE = (
+    "gpu_specs:\n  H20:\n    fp16_dense_tflops: 148\n    nvlink_gbps: 450\n"
+    "    source: our supplier's sheet\n"
+)
+
+
+def test_check_judges_with_the_rows_a_thresholds_file_fills(monkeypatch, tmp_path):
+    from gpuenv.checks.thresholds import model_spec
+
+    seen = {}
+    fake = _fake_run({}, 2)
+
+    def recording(ctx, names, progress=None, registry=None):
+        seen["row"] = model_spec(ctx.specs, {"name": "NVIDIA H20"})
+        return fake(ctx, names, progress, registry)
+
+    monkeypatch.setattr(gpuenv.checks.session, "run_checks", recording)
+    path = tmp_path / "t.yaml"
+    path.write_text(H20_FILE)
+    assert main(["check", "--thresholds", str(path)]) == 0
+    assert seen["row"]["fp16_dense_tflops"] == 148
+    assert main(["check", "--thresholds-text", H20_FILE]) == 0
+    assert seen["row"]["nvlink_gbps"] == 450
+
+
+def test_a_bad_thresholds_file_stops_check_and_cluster_before_anything(
+    no_run, monkeypatch, capsys, tmp_path
+):
+    from gpuenv.cluster import inventory, pipeline
+
+    def boom(*_a, **_k):
+        raise AssertionError("nothing may be read or launched on bad input")
+
+    monkeypatch.setattr(inventory, "load", boom)
+    monkeypatch.setattr(pipeline, "validate", boom)
+    path = tmp_path / "t.yaml"
+    path.write_text("gpu_specs:\n  h20: {fp16_dense_tflops: 148, source: s}\n")
+    for argv in (["check"], ["cluster", "-i", "hosts.yml"]):
+        code, err = _run([*argv, "--thresholds", str(path)], capsys)
+        assert code == 2 and "GPU key 'h20' is not a row key" in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_cluster_hands_its_thresholds_file_to_every_node(monkeypatch, tmp_path, capsys):
+    from gpuenv.cli import cluster as cluster_cli
+    from gpuenv.cluster import inventory
+
+    got = {}
+
+    def fake_run(opts, hosts, profile, thresholds, out, live):
+        got["opts"], got["thresholds"] = opts, thresholds
+        raise SystemExit(0)
+
+    monkeypatch.setattr(inventory, "load", lambda *_a, **_k: [])
+    monkeypatch.setattr(cluster_cli, "_run", fake_run)
+    path = tmp_path / "t.yaml"
+    path.write_text(H20_FILE)
+    _run(["cluster", "-i", "hosts.yml", "--thresholds", str(path), "--no-progress"], capsys)
+    args = got["opts"].check_args
+    assert args[args.index("--thresholds-text") + 1] == H20_FILE
+    assert got["thresholds"]["gpu_specs"]["H20"]["fp16_dense_tflops"] == 148
+    code, err = _run(["cluster", "-i", "h", "--check-args=--thresholds-text x"], capsys)
+    assert code == 2 and "set by gpuenv cluster" in err

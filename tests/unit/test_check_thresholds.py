@@ -131,9 +131,43 @@ def test_override_keeps_unmentioned_keys(tmp_path):
         ("nccl:\n  efficiencies: {}\n", "unknown key 'nccl.efficiencies'"),
         ("deadlines_s:\n  nccl: -5\n", "deadlines_s.nccl must be a number > 0"),
         ("deadlines_s:\n  nccl: soon\n", "deadlines_s.nccl"),
-        ("nccl:\n  efficiency:\n    H200: {Infiniband: 0.5}\n", "unknown link type"),
-        ("nccl:\n  efficiency:\n    H200: {NVLink: 7}\n", "must be in (0, 1.5]"),
+        ("nccl:\n  efficiency:\n    H200-SXM: {Infiniband: 0.5}\n", "unknown link type"),
+        ("nccl:\n  efficiency:\n    H200-SXM: {NVLink: 7}\n", "must be in (0, 1.5]"),
         ("cupy:\n  gemm_efficiency: 3\n", "cupy.gemm_efficiency"),
+        # A thresholds file's GPU rows and profiles (docs/checks.md, "Thresholds file").
+        (
+            "gpu_specs:\n  h20: {fp16_dense_tflops: 148, source: s}\n",
+            "GPU key 'h20' is not a row key",
+        ),
+        ("gpu_specs:\n  H20: {tflops: 148, source: s}\n", "gpu_specs.H20: unknown key(s) 'tflops'"),
+        ("gpu_specs:\n  H20: {fp16_dense_tflops: '148', source: s}\n", "must be a number > 0"),
+        ("gpu_specs:\n  H20: {fp16_dense_tflops: true, source: s}\n", "must be a number > 0"),
+        ("gpu_specs:\n  H20: {pcie_gen: 9, source: s}\n", "gpu_specs.H20.pcie_gen must be one of"),
+        ("gpu_specs:\n  H20: {fp16_dense_tflops: 148}\n", "gpu_specs.H20.source"),
+        (
+            "gpu_specs:\n  NEW: {fp16_dense_tflops: 1, source: s}\n",
+            "must say which GPUs it matches",
+        ),
+        (
+            "gpu_specs:\n  NEW: {names: [NVIDIA H200], fp16_dense_tflops: 1, source: s}\n",
+            "already matched by another row: 'NVIDIA H200' (row H200-SXM)",
+        ),
+        ("gpu_specs:\n  NEW: {pci_ids: ['2329'], source: s}\n", "PCI device ids such as"),
+        ("gpu_specs: [H20]\n", "gpu_specs must map GPU keys to rows"),
+        ("nccl:\n  efficiency:\n    H200: {NVLink: 0.5}\n", "unknown GPU key(s) 'H200'"),
+        (
+            "profiles:\n  quick:\n    requires:\n      gpu_node: [system, cupyy]\n",
+            "profiles.quick.requires.gpu_node: unknown check(s) 'cupyy'",
+        ),
+        (
+            "profiles:\n  cpu:\n    requires:\n      gpu_cluster: [busbw, pairs]\n",
+            "requires.gpu_cluster: unknown check(s) 'pairs'",
+        ),
+        (
+            "profiles:\n  cpu:\n    requires:\n      gpu_node: mpi\n",
+            "must be a list of check names",
+        ),
+        ("profiles:\n  turbo: {}\n", "unknown key 'profiles.turbo'"),
     ],
 )
 def test_malformed_thresholds_are_bad_input(tmp_path, text, message):
@@ -178,3 +212,78 @@ def test_nccl_without_its_log_fails():
 
 def test_the_pcie_table_cites_its_source():
     assert load_specs()["pcie"]["source"]
+
+
+H20 = {**H200, "name": "NVIDIA H20", "pci_device_id": "0x2329"}
+FILL_H20 = """\
+gpu_specs:
+  H20:
+    fp16_dense_tflops: 148
+    bf16_dense_tflops: 148
+    nvlink_gbps: 450
+    source: the vendor's figures as our supplier gave them
+"""
+T4_ROW = """\
+gpu_specs:
+  T4:
+    names: ["Tesla T4"]
+    pci_ids: ["0x1eb8"]
+    fp16_dense_tflops: 65
+    pcie_gen: 3
+    source: NVIDIA T4 datasheet, mixed-precision FP16/FP32 65 TFLOPS; PCIe Gen3 x16
+"""
+
+
+def test_a_null_spec_row_is_not_judged_until_a_thresholds_file_fills_it(tmp_path):
+    assert nccl.judge(_ctx(), _node(H20, H20), _payloads(330.0), 2).status is Status.SKIP
+    path = tmp_path / "t.yaml"
+    path.write_text(FILL_H20)
+    thresholds = load_thresholds(path)
+    specs = load_specs(thresholds["gpu_specs"])
+    row = model_spec(specs, H20)
+    assert (row["key"], row["fp16_dense_tflops"], row["nvlink_gbps"]) == ("H20", 148, 450)
+    assert row["names"] == ["NVIDIA H20"]  # the shipped match is kept
+    ctx = Context(node="n1", thresholds=thresholds, specs=specs)
+    assert nccl.judge(ctx, _node(H20, H20), _payloads(330.0), 2).status is Status.PASS
+    assert nccl.judge(ctx, _node(H20, H20), _payloads(200.0), 2).status is Status.FAIL
+    assert load_specs()["models"] == load_specs({})["models"]  # the shipped table is untouched
+
+
+def test_a_thresholds_file_adds_a_gpu_the_table_lacks(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text(T4_ROW + "nccl:\n  efficiency:\n    T4: {PCIe: 0.4}\n")
+    thresholds = load_thresholds(path)
+    specs = load_specs(thresholds["gpu_specs"])
+    assert model_spec(specs, {"name": "Tesla T4"})["fp16_dense_tflops"] == 65
+    assert model_spec(specs, {"name": "x", "pci_device_id": "0x1eb8"})["key"] == "T4"
+    assert nccl_efficiency(thresholds, "T4", "PCIe") == 0.4
+
+
+def test_the_text_form_is_the_file_form(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text(T4_ROW)
+    assert load_thresholds(text=T4_ROW) == load_thresholds(path)
+
+
+def test_requires_names_the_user_may_give(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        "profiles:\n  cpu:\n    requires:\n      gpu_node: [system, cupy, mpi]\n"
+        "      gpu_cluster: [consistency, busbw]\n"
+    )
+    requires = load_thresholds(path)["profiles"]["cpu"]["requires"]
+    assert requires["gpu_node"] == ["system", "cupy", "mpi"]
+    assert requires["gpu_cluster"] == ["consistency", "busbw"]
+
+
+def test_the_documented_example_file_loads_and_fills_h20_and_l20():
+    import re
+    from pathlib import Path
+
+    for doc in ("docs/checks.md", "README.zh-CN.md"):
+        text = (Path(__file__).resolve().parents[2] / doc).read_text(encoding="utf-8")
+        block = re.search(r"```yaml\n(gpu_specs:.*?)```", text, re.S).group(1)
+        thresholds = load_thresholds(text=block)
+        specs = load_specs(thresholds["gpu_specs"])
+        for name in ("NVIDIA H20", "NVIDIA L20"):
+            assert model_spec(specs, {"name": name})["fp16_dense_tflops"], (doc, name)
