@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuenv.checks.base import Check, NodeInfo, Placement
 from gpuenv.errors import BadInput
-from gpuenv.results import ClusterReport, Result, Status, Verdict
+from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunVerdict, Status
 
 
 def profile_names(thresholds: Mapping[str, Any]) -> list[str]:
@@ -55,7 +55,7 @@ def assess(
     results: Sequence[Result],
     registry: Mapping[str, Check],
     expect_gpus: int | None = None,
-) -> Verdict:
+) -> RunVerdict:
     """Apply the rules to one node's results."""
     # The user's count wins over what the bus shows (a lab container sees its host's bus).
     gpu_node = expect_gpus > 0 if expect_gpus is not None else bool(node.gpus or node.pci_gpus)
@@ -89,7 +89,7 @@ def assess(
     # A GPU is verified when a check other than the probe passed on a node with GPUs to use:
     # NVML listing a GPU is not the GPU computing.
     gpu_verified = bool(node.gpus) and any(r.check != probe for r in passed)
-    return Verdict(
+    return RunVerdict(
         ok=not problems,
         profile=profile,
         node_kind=kind,
@@ -107,7 +107,9 @@ def _node_words(node: NodeInfo) -> str:
     return "no NVIDIA GPU on the PCI bus or through NVML"
 
 
-def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterReport) -> Verdict:
+def assess_cluster(
+    thresholds: Mapping[str, Any], profile: str, report: ClusterReport
+) -> RunVerdict:
     """The rules for a whole cluster: every node's own verdict, and the cluster-wide checks the
     profile requires (those of the stages that ran: not the ones left out, nor multi-node runs
     of a one-node cluster)."""
@@ -121,7 +123,7 @@ def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterR
                      and " ERROR: " not in p]  # fmt: skip
     kinds = {run.verdict.node_kind for run in report.node_reports.values()}
     gpu = "gpu" in kinds
-    cluster = {r.check: r for r in report.results if r.node == "cluster"}
+    cluster = {r.check: r for r in report.results if r.node == CLUSTER_NODE}
     wanted = requirements(thresholds, profile, gpu, "cluster")
     required: list[str] = []
     if wanted is None:
@@ -141,7 +143,7 @@ def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterR
     if not any(r.status is Status.PASS for r in report.results if r.check != "reach"):
         problems.append("nothing was verified: no check passed")
     gpu_verified = any(run.verdict.gpu_verified for run in report.node_reports.values())
-    return Verdict(
+    return RunVerdict(
         ok=not problems,
         profile=profile,
         node_kind="gpu" if gpu else "cpu",

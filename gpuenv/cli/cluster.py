@@ -248,13 +248,14 @@ def _run(
 
 def _write_reports(report: ClusterReport, args: argparse.Namespace, out: Any) -> None:
     from gpuenv.report import jsonreport, junit
+    from gpuenv.results import CLUSTER_NODE
 
     if args.json:
         jsonreport.write(report, args.json)
     if args.junit:
         verdicts = {n: r.verdict for n, r in report.node_reports.items()}
         if report.verdict is not None:
-            verdicts["cluster"] = report.verdict
+            verdicts[CLUSTER_NODE] = report.verdict
         junit.write(report.results, args.junit, "gpuenv.cluster", verdicts)
     if args.html:
         from gpuenv.report import html

@@ -16,7 +16,7 @@ from typing import Any
 from gpuenv.cluster.fanout import GRACE_S, Outcome, fan_out
 from gpuenv.cluster.inventory import Host
 from gpuenv.cluster.launch import as_user
-from gpuenv.results import Measurement, Result, Status
+from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
 
 IFACE_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # The listener starts this much before the nodes connect (they retry until their deadline).
@@ -136,7 +136,7 @@ def rendezvous_result(
         reason = "; ".join(f"{n}: {', '.join(p)}" for n, p in problems.items())
         return Result(
             "rendezvous",
-            "cluster",
+            CLUSTER_NODE,
             Status.FAIL,
             reason,
             measurements,
@@ -145,7 +145,7 @@ def rendezvous_result(
         )
     return Result(
         "rendezvous",
-        "cluster",
+        CLUSTER_NODE,
         Status.PASS,
         f"{len(hosts)} nodes reach {master.rendezvous_address}:{port}; socket interfaces exist",
         measurements,
