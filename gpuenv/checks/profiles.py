@@ -34,7 +34,7 @@ def requirements(
 
 def is_optional(check: Check) -> bool:
     """An optional check (``OPTIONAL = True``) runs only when asked for."""
-    return bool(getattr(check, "OPTIONAL", False))
+    return check.OPTIONAL
 
 
 def default_names(
@@ -75,8 +75,7 @@ def assess(
             check = registry.get(name)
             if check is None or name not in by_name:
                 continue  # not selected (--only) or not a known check
-            needed = getattr(check, "needed", None)
-            if needed is not None and not needed(node):
+            if not check.needed(node):
                 continue
             required.append(name)
             result = by_name[name]

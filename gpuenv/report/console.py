@@ -80,7 +80,7 @@ def print_check_list(registry: Mapping[str, Any]) -> None:
         table.add_column(column)
     for name, check in registry.items():
         # Optional checks run when named by --only or required by the profile (frameworks).
-        when = "on request" if getattr(check, "OPTIONAL", False) else "default"
+        when = "on request" if check.OPTIONAL else "default"
         table.add_row(name, check.PLACEMENT.value, when, check.DESCRIPTION)
     console.print(table)
 

@@ -81,7 +81,7 @@ def test_list_runs_nothing(no_run, capsys):
 def _fake_run(statuses, gpus=0, pci=()):
     """A run_checks stand-in: the node has ``gpus`` GPUs; each named check gets its status."""
 
-    def fake(ctx, names, progress=None, registry=None):
+    def fake(registry, ctx, names, progress=None):
         results = []
         for name in names:
             status = statuses.get(name, Status.PASS)
@@ -139,8 +139,8 @@ def test_skips_are_grouped_by_reason(monkeypatch, capsys):
     statuses = {"cupy": Status.SKIP, "streams": Status.SKIP}
     fake = _fake_run(statuses)
 
-    def same_reason(ctx, names, progress=None, registry=None):
-        run = fake(ctx, names, progress, registry)
+    def same_reason(registry, ctx, names, progress=None):
+        run = fake(registry, ctx, names, progress)
         for r in run.results:
             if r.status is Status.SKIP:
                 r.reason = "no NVIDIA GPU visible"
@@ -179,9 +179,15 @@ def test_a_registered_fake_check_is_listed_and_selectable(no_run, monkeypatch, c
     """Adding a check is one module and one REGISTRY line: the CLI knows it from there."""
     from types import SimpleNamespace
 
-    from gpuenv.checks.base import Placement
+    from gpuenv.checks.base import Placement, always_needed
 
-    fake = SimpleNamespace(NAME="fake", DESCRIPTION="a fake check", PLACEMENT=Placement.LAUNCHER)
+    fake = SimpleNamespace(
+        NAME="fake",
+        DESCRIPTION="a fake check",
+        PLACEMENT=Placement.LAUNCHER,
+        OPTIONAL=False,
+        needed=always_needed,
+    )
     monkeypatch.setattr(gpuenv.checks, "REGISTRY", {**gpuenv.checks.REGISTRY, "fake": fake})
     assert main(["check", "--list"]) == 0
     assert "a fake check" in capsys.readouterr().out
