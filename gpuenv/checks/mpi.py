@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuenv import proc
 from gpuenv.checks import ranklog
 from gpuenv.checks.base import (
     Context,
@@ -40,6 +40,8 @@ PLACEMENT = Placement.LAUNCHER
 OPTIONAL = False
 needed = always_needed
 MIN_RANKS = 2  # one rank agreeing with itself proves nothing
+OMPI_INFO_DEADLINE_S = 30.0
+MPIRUN_VERSION_DEADLINE_S = 20.0
 
 
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:
@@ -62,12 +64,10 @@ def _ompi_info() -> str:
     if shutil.which("ompi_info") is None:
         return ""
     try:
-        done = subprocess.run(
-            ["ompi_info", "--parsable", "--all"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        done = proc.capture(["ompi_info", "--parsable", "--all"], OMPI_INFO_DEADLINE_S)
+    except OSError:
         return ""
-    return done.stdout
+    return done.stdout if done.returncode is not None else ""
 
 
 def cuda_aware(ompi_info_output: str) -> bool:
@@ -92,10 +92,11 @@ def choose_path(has_gpu: bool) -> str:
 
 def _is_open_mpi() -> bool:
     try:
-        done = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
+        done = proc.capture(["mpirun", "--version"], MPIRUN_VERSION_DEADLINE_S)
+    except OSError:
         return False
-    return "Open MPI" in done.stdout + done.stderr or "OpenRTE" in done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    return done.returncode is not None and ("Open MPI" in said or "OpenRTE" in said)
 
 
 def command(ctx: Context, node: NodeInfo, world: int) -> list[str]:

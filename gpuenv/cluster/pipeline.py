@@ -36,7 +36,7 @@ from typing import Any
 from gpuenv.checks import ddp as ddp_check
 from gpuenv.checks import nccl_log
 from gpuenv.cluster import consistency, launch, pairs, preflight
-from gpuenv.cluster.fanout import Outcome, fan_out
+from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
 from gpuenv.progress import Progress, Silent
 from gpuenv.results import ClusterReport, Measurement, Result, RunReport, Status
@@ -94,7 +94,7 @@ class State:
         label: str,
         deadline_s: float | None = None,
         stop_others: Callable[[Host], str] | None = None,
-    ) -> dict[str, Outcome]:
+    ) -> dict[str, NodeAnswer]:
         return fan_out(
             hosts,
             command,

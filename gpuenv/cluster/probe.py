@@ -14,11 +14,12 @@ import platform
 import re
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from importlib import metadata
 from typing import Any
+
+from gpuenv import proc
 
 # Distributions whose versions must agree across nodes (the Python stack of the jobs).
 PACKAGES = (
@@ -35,14 +36,8 @@ def _run(argv: list[str]) -> str | None:
     if exe is None:
         return None
     try:
-        done = subprocess.run(
-            [exe, *argv[1:]],
-            capture_output=True,
-            text=True,
-            timeout=_TOOL_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        done = proc.capture([exe, *argv[1:]], _TOOL_TIMEOUT_S)
+    except OSError:
         return None
     return done.stdout if done.returncode == 0 else None
 
