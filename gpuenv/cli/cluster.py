@@ -32,7 +32,13 @@ def _sizes(text: str) -> list[int]:
     return sorted(out)
 
 
+def _mib_list(sizes: Sequence[int]) -> str:
+    return ",".join(f"{s >> 20}M" for s in sizes)
+
+
 def register(subparsers: Any) -> None:
+    from gpuenv.cluster import pipeline
+
     p = subparsers.add_parser(
         "cluster",
         help="validate all nodes of an inventory: checks, consistency, multi-node runs, pairs",
@@ -54,14 +60,16 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--deadline",
         type=positive(float, "seconds > 0"),
-        default=300.0,
-        help="deadline of each node's command and of each launch (default 300)",
+        default=pipeline.DEADLINE_S,
+        help="deadline of each node's command and of each launch"
+        f" (default {pipeline.DEADLINE_S:g})",
     )
     p.add_argument(
         "--port",
         type=int,
-        default=29400,
-        help="rendezvous port on the first node; pair runs use the next ones",
+        default=pipeline.PORT,
+        help=f"rendezvous port on the first node; pair runs use the next ones"
+        f" (default {pipeline.PORT})",
     )
     p.add_argument(
         "--min-busbw",
@@ -72,8 +80,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--pair-relative",
         type=positive(float, "a fraction > 0"),
-        default=0.5,
-        help="without --min-busbw, a pair fails below this x the median (default 0.5)",
+        default=pipeline.pairs.RELATIVE,
+        help="without --min-busbw, a pair fails below this x the median"
+        f" (default {pipeline.pairs.RELATIVE:g})",
     )
     p.add_argument(
         "--nproc-per-node",
@@ -83,20 +92,21 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--sizes",
         type=_sizes,
-        default=_sizes("1M,8M,64M"),
-        help="all-reduce sizes across nodes (default 1M,8M,64M)",
+        default=list(pipeline.SIZES),
+        help=f"all-reduce sizes across nodes (default {_mib_list(pipeline.SIZES)})",
     )
     p.add_argument(
         "--pair-size",
         type=_sizes,
-        default=_sizes("64M"),
-        help="all-reduce size of each pair test (default 64M)",
+        default=[pipeline.PAIR_BYTES],
+        help=f"all-reduce size of each pair test (default {_mib_list([pipeline.PAIR_BYTES])})",
     )
     p.add_argument(
         "--matrix-max-nodes",
         type=int,
-        default=8,
-        help="measure the full pair matrix up to this many nodes (default 8)",
+        default=pipeline.MATRIX_MAX_NODES,
+        help="measure the full pair matrix up to this many nodes"
+        f" (default {pipeline.MATRIX_MAX_NODES})",
     )
     p.add_argument(
         "--skip",
@@ -211,7 +221,7 @@ def handler(args: argparse.Namespace) -> int:
         min_busbw=args.min_busbw,
         pair_relative=args.pair_relative,
         matrix_max_nodes=args.matrix_max_nodes,
-        max_loss_ratio=float(thresholds["ddp"]["max_loss_ratio"]),
+        max_loss_ratio=float(thresholds["ddp"]["max_loss_ratio"]),  # the node check's own
         stages=stages,
     )
     report = _run(opts, hosts, args.profile, thresholds, out, not args.no_progress)
