@@ -37,7 +37,7 @@ def _mib_list(sizes: Sequence[int]) -> str:
 
 
 def register(subparsers: Any) -> None:
-    from gpuenv.cluster import pipeline
+    from gpuenv.cluster import defaults, pairs
 
     p = subparsers.add_parser(
         "cluster",
@@ -60,16 +60,16 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--deadline",
         type=positive(float, "seconds > 0"),
-        default=pipeline.DEADLINE_S,
+        default=defaults.DEADLINE_S,
         help="deadline of each node's command and of each launch"
-        f" (default {pipeline.DEADLINE_S:g})",
+        f" (default {defaults.DEADLINE_S:g})",
     )
     p.add_argument(
         "--port",
         type=int,
-        default=pipeline.PORT,
+        default=defaults.PORT,
         help=f"rendezvous port on the first node; pair runs use the next ones"
-        f" (default {pipeline.PORT})",
+        f" (default {defaults.PORT})",
     )
     p.add_argument(
         "--min-busbw",
@@ -80,9 +80,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--pair-relative",
         type=positive(float, "a fraction > 0"),
-        default=pipeline.pairs.RELATIVE,
+        default=pairs.RELATIVE,
         help="without --min-busbw, a pair fails below this x the median"
-        f" (default {pipeline.pairs.RELATIVE:g})",
+        f" (default {pairs.RELATIVE:g})",
     )
     p.add_argument(
         "--nproc-per-node",
@@ -92,21 +92,21 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--sizes",
         type=_sizes,
-        default=list(pipeline.SIZES),
-        help=f"all-reduce sizes across nodes (default {_mib_list(pipeline.SIZES)})",
+        default=list(defaults.SIZES),
+        help=f"all-reduce sizes across nodes (default {_mib_list(defaults.SIZES)})",
     )
     p.add_argument(
         "--pair-size",
         type=_sizes,
-        default=[pipeline.PAIR_BYTES],
-        help=f"all-reduce size of each pair test (default {_mib_list([pipeline.PAIR_BYTES])})",
+        default=[defaults.PAIR_BYTES],
+        help=f"all-reduce size of each pair test (default {_mib_list([defaults.PAIR_BYTES])})",
     )
     p.add_argument(
         "--matrix-max-nodes",
         type=int,
-        default=pipeline.MATRIX_MAX_NODES,
+        default=defaults.MATRIX_MAX_NODES,
         help="measure the full pair matrix up to this many nodes"
-        f" (default {pipeline.MATRIX_MAX_NODES})",
+        f" (default {defaults.MATRIX_MAX_NODES})",
     )
     p.add_argument(
         "--skip",
@@ -205,7 +205,7 @@ def handler(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from gpuenv.cluster import inventory, pipeline
+    from gpuenv.cluster import defaults, inventory, pipeline
 
     hosts = inventory.load(args.inventory, args.limit)  # BadInput before anything is launched
     out = Console(stderr=args.json == "-")
@@ -213,7 +213,7 @@ def handler(args: argparse.Namespace) -> int:
     opts = pipeline.Options(
         check_args=["--profile", args.profile, *check_args],
         deadline_s=args.deadline,
-        probe_deadline_s=min(pipeline.PROBE_DEADLINE_S, args.deadline),
+        probe_deadline_s=min(defaults.PROBE_DEADLINE_S, args.deadline),
         port=args.port,
         nproc_per_node=args.nproc_per_node,
         sizes=args.sizes,

@@ -17,9 +17,8 @@ from typing import Any
 from gpuenv.checks import dask as dask_check
 from gpuenv.checks import nccl_log
 from gpuenv.cluster import pairs
+from gpuenv.cluster.defaults import MIB
 from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
-
-MIB = 1 << 20
 
 
 def skip(check: str, reason: str) -> Result:

@@ -36,27 +36,27 @@ from typing import Any
 from gpuenv.checks import ddp as ddp_check
 from gpuenv.checks import nccl_log
 from gpuenv.cluster import consistency, judge, launch, pairs, preflight
+from gpuenv.cluster.defaults import (
+    DEADLINE_S,
+    ITERS,
+    MATRIX_MAX_NODES,
+    MIB,
+    PAIR_BYTES,
+    PORT,
+    PROBE_DEADLINE_S,
+    SIZES,
+    STEPS,
+)
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
 from gpuenv.progress import Progress, Silent
 from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunReport, Status
 
-MIB = 1 << 20
-# The defaults of a run (the CLI's too).
-DEADLINE_S = 300.0  # each node's command and each launch
-PORT = 29400  # the rendezvous port on the first node; pair runs use the next ones
-SIZES = (MIB, 8 * MIB, 64 * MIB)  # all-reduce sizes across nodes
-PAIR_BYTES = 64 * MIB  # all-reduce size of each pair test
-MATRIX_MAX_NODES = 8  # the full pair matrix up to this many nodes
-ITERS = 5  # timed all-reduces per size
-STEPS = 5  # DDP training steps
 # torchrun's own rendezvous and process-group timeouts sit this far inside the launch's
 # deadline, so that its ranks report a missing peer before the controller kills them.
 LAUNCH_MARGIN_S = 5.0
 # The rendezvous preflight never needs more than this, whatever the launch deadline.
 RENDEZVOUS_CAP_S = 60.0
-# How long a node gets to answer the first probe, however long the launch deadline.
-PROBE_DEADLINE_S = 30.0
 # How many pair launches run at once in a round of the pair matrix or of isolation.
 PAIR_PARALLELISM = 32
 # The dask scheduler listens this far above the rendezvous port (the pair runs use the next 32).
