@@ -30,6 +30,7 @@ BAND = (0.98, 1.02)
 
 
 def gpuenv_sweep(sizes_mib: list[int], iters: int, warmup: int) -> dict[int, float]:
+    from gpuenv.checks import REGISTRY
     from gpuenv.checks.base import Context
     from gpuenv.checks.session import run_checks
     from gpuenv.checks.thresholds import load_specs, load_thresholds
@@ -42,7 +43,7 @@ def gpuenv_sweep(sizes_mib: list[int], iters: int, warmup: int) -> dict[int, flo
         "warmup": warmup,
     }
     ctx = Context(node="bench", profile="full", thresholds=thresholds, specs=load_specs())
-    (result,) = [r for r in run_checks(ctx, ["nccl"]).results if r.check == "nccl"]
+    (result,) = [r for r in run_checks(REGISTRY, ctx, ["nccl"]).results if r.check == "nccl"]
     if result.status is not Status.PASS:
         raise SystemExit(f"gpuenv nccl check did not pass: {result.status.value}: {result.reason}")
     return {row["bytes"]: row["busbw_gbps"] for row in result.details["sweep"]}

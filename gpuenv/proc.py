@@ -130,23 +130,27 @@ def kill_session(
 
 @dataclass
 class Launch:
-    """One child started in its own session; its stdout and stderr go to ``log``."""
+    """One child started in its own session; its stdout and stderr go to ``log`` (stderr to
+    ``err_log`` instead where one is given: a caller that parses stdout)."""
 
     argv: list[str]
     log: Path
     env: dict[str, str] | None = None
     cwd: str | None = None
+    err_log: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
 
     def start(self) -> Launch:
         self.started_at = time.monotonic()
-        with open(self.log, "wb") as out:
+        with contextlib.ExitStack() as files:
+            out = files.enter_context(open(self.log, "wb"))
+            err = files.enter_context(open(self.err_log, "wb")) if self.err_log else None
             self.proc = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.STDOUT if err is None else err,
                 env=self.env,
                 cwd=self.cwd,
                 start_new_session=True,
@@ -165,14 +169,16 @@ class Launch:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def kill(self, grace_s: float = KILL_GRACE_S) -> None:
+    def kill(self, grace_s: float = KILL_GRACE_S, sweep: bool = True) -> None:
+        """Kill the whole session (``sweep=False``: its process group only, see kill_session)."""
         if self.proc is None:
             return
-        kill_session(self.proc.pid, grace_s)
+        kill_session(self.proc.pid, grace_s, sweep=sweep, reap=self.proc.poll)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=REAP_S)
-        # Descendants reparented away from the leader can survive the group kill; sweep them.
-        kill_session(self.proc.pid, grace_s=SWEEP_GRACE_S)
+        if sweep:
+            # Descendants reparented away from the leader can survive the group kill; sweep them.
+            kill_session(self.proc.pid, grace_s=SWEEP_GRACE_S)
 
     def output(self) -> str:
         try:
@@ -185,18 +191,26 @@ class Launch:
 
 
 @dataclass
-class Outcome:
+class Exit:
+    """How a launch ended."""
+
     returncode: int | None
     timed_out: bool
     elapsed_s: float
     stopped: bool = False  # ended by the caller's ``tick`` (its work was complete)
 
 
-def wait(launch: Launch, deadline_s: float, tick: Callable[[], bool] | None = None) -> Outcome:
+def wait(
+    launch: Launch,
+    deadline_s: float,
+    tick: Callable[[], bool] | None = None,
+    sweep: bool = True,
+) -> Exit:
     """Wait for ``launch`` at most ``deadline_s`` from now; ``tick`` returning True stops early.
 
     ``tick`` runs every POLL_S while the child runs (to read its log, or to end a launcher whose
-    work is already reported). At the deadline the whole session is killed.
+    work is already reported). At the deadline the whole session is killed; ``sweep=False``
+    kills its process group only, without reading the process table (see kill_session).
     """
     begun_at = time.monotonic()
     deadline_at = begun_at + deadline_s
@@ -207,18 +221,20 @@ def wait(launch: Launch, deadline_s: float, tick: Callable[[], bool] | None = No
                 if tick is not None:
                     tick()  # the last lines it wrote
                 # The leader is done; leftovers of its session (daemonised helpers) go too.
-                if alive(session_members(launch.pid) - {launch.pid}):
+                if sweep and alive(session_members(launch.pid) - {launch.pid}):
                     kill_session(launch.pid, grace_s=SWEEP_GRACE_S)
-                return Outcome(rc, False, time.monotonic() - begun_at)
+                elif not sweep and group_alive(launch.pid):
+                    kill_session(launch.pid, grace_s=SWEEP_GRACE_S, sweep=False)
+                return Exit(rc, False, time.monotonic() - begun_at)
             if tick is not None and tick():
-                launch.kill(grace_s=0.0)  # its work is done: nothing to let it finish
-                return Outcome(launch.poll(), False, time.monotonic() - begun_at, stopped=True)
+                launch.kill(grace_s=0.0, sweep=sweep)  # its work is done: nothing to let finish
+                return Exit(launch.poll(), False, time.monotonic() - begun_at, stopped=True)
             if time.monotonic() >= deadline_at:
-                launch.kill()
-                return Outcome(launch.poll(), True, time.monotonic() - begun_at)
+                launch.kill(sweep=sweep)
+                return Exit(launch.poll(), True, time.monotonic() - begun_at)
             time.sleep(POLL_S)
     except BaseException:
-        launch.kill()
+        launch.kill(sweep=sweep)
         raise
 
 
@@ -228,7 +244,7 @@ def run(
     log: Path,
     env: Mapping[str, str] | None = None,
     on_line: Callable[[str], None] | None = None,
-) -> Outcome:
+) -> Exit:
     """Run ``argv`` in a new session under a deadline; ``on_line`` sees each line as written."""
     launch = Launch(list(argv), log, dict(env) if env is not None else None).start()
     if on_line is None:

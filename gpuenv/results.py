@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 2
+# The pseudo-node of the results that belong to the whole cluster (the cluster stages').
+CLUSTER_NODE = "cluster"
 
 
 class Status(str, enum.Enum):
@@ -86,12 +88,12 @@ class Result:
 
 
 def any_failed(results: Iterable[Result]) -> bool:
-    """True when a result failed or errored. Not the verdict: see Verdict (SKIPs count there)."""
+    """True when a result failed or errored. Not the verdict: see RunVerdict (SKIPs count there)."""
     return any(r.status.failed for r in results)
 
 
 @dataclass
-class Verdict:
+class RunVerdict:
     """Whether a run is OK, by the rules of its profile (gpuenv.checks.profiles)."""
 
     ok: bool
@@ -117,7 +119,7 @@ class Verdict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+    def from_dict(cls, data: Mapping[str, Any]) -> RunVerdict:
         return cls(
             ok=bool(data["ok"]),
             profile=str(data["profile"]),
@@ -153,7 +155,7 @@ class RunReport:
 
     node: str
     profile: str
-    verdict: Verdict
+    verdict: RunVerdict
     results: list[Result] = field(default_factory=list)
     started_at: str = ""
     duration_s: float = 0.0
@@ -186,7 +188,7 @@ class RunReport:
         return cls(
             node=str(data["node"]),
             profile=str(data.get("profile", "")),
-            verdict=Verdict.from_dict(data["verdict"]),
+            verdict=RunVerdict.from_dict(data["verdict"]),
             results=[Result.from_dict(r) for r in data.get("results", [])],
             started_at=str(data.get("started_at", "")),
             duration_s=float(data.get("duration_s", 0.0)),
@@ -202,13 +204,14 @@ CLUSTER_KIND = "gpuenv-cluster"
 class ClusterReport:
     """One `gpuenv cluster` run: the document `--json` writes and the HTML report is drawn from.
 
-    ``results`` holds the nodes' own check results and the cluster stages' (node "cluster");
-    ``node_reports`` each node's whole run report, its verdict included.
+    ``results`` holds the nodes' own check results and the cluster stages' (node
+    ``CLUSTER_NODE``); ``node_reports`` each node's run report, its verdict included. The JSON
+    document keeps each node's verdict (``node_verdicts``); its results are in ``results``.
     """
 
     hosts: list[str]
     profile: str = "quick"
-    verdict: Verdict | None = None
+    verdict: RunVerdict | None = None
     results: list[Result] = field(default_factory=list)
     node_reports: dict[str, RunReport] = field(default_factory=dict)
     facts: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -253,11 +256,21 @@ class ClusterReport:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterReport:
         _refuse(data, CLUSTER_KIND)
+        results = [Result.from_dict(r) for r in data.get("results", [])]
         return cls(
             hosts=[str(h) for h in data["hosts"]],
             profile=str(data.get("profile", "")),
-            verdict=Verdict.from_dict(data["verdict"]) if data.get("verdict") else None,
-            results=[Result.from_dict(r) for r in data.get("results", [])],
+            verdict=RunVerdict.from_dict(data["verdict"]) if data.get("verdict") else None,
+            results=results,
+            node_reports={
+                str(n): RunReport(
+                    node=str(n),
+                    profile=str(v.get("profile", "")),
+                    verdict=RunVerdict.from_dict(v),
+                    results=[r for r in results if r.node == n],
+                )
+                for n, v in data.get("node_verdicts", {}).items()
+            },
             facts={str(k): dict(v) for k, v in data.get("facts", {}).items()},
             sweeps={str(k): list(v) for k, v in data.get("sweeps", {}).items()},
             matrix={(m["a"], m["b"]): m["busbw_gbps"] for m in data.get("matrix", [])},

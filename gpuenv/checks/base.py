@@ -10,11 +10,14 @@ A check is a module (or any object) with these attributes, listed once in
   guesses that answer from files so the launchers can start during the probe. ``GPU``: one
   rank per visible GPU, inside the shared GPU worker processes (gpuenv.checks.worker), one
   check after the other. ``LAUNCHER``: its own launcher (torchrun, mpirun) given by
-  ``command``; its ranks run ``python -m <module>``, read their context with
-  ``ranklog.launched_rank`` and wait at the gate.
+  ``command``; its ranks run ``python -m <module>`` (the module's ``main(argv)``), read their
+  context with ``ranklog.launched_rank`` and wait at the gate.
+- ``OPTIONAL``: True when it runs only when asked (``--only``, or a profile that requires it).
+- ``needed(node)``: whether a profile that requires it requires it on this node (NCCL needs two
+  GPUs to prove anything); ``always_needed`` for a check that is needed wherever it is required.
 - ``unavailable(ctx, node)``: None when it can run here, else why not (the SKIP's reason).
 - ``world(ctx, node)``: how many ranks (GPU placement: one per visible GPU).
-- ``rank_main(rc: RankContext) -> payload`` for PROBE and GPU placement: the rank's work.
+- ``rank_main(rank: RankContext) -> payload`` for PROBE and GPU placement: one rank's work.
 - ``command(ctx, node, world)`` and ``environment(ctx, node)`` for LAUNCHER placement.
 - ``judge(ctx, node, payloads, world) -> Result``: the verdict from every rank's payload.
 
@@ -25,7 +28,7 @@ listing, skipping and judging checks costs nothing.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,6 +85,9 @@ class Check(Protocol):
     NAME: str
     DESCRIPTION: str
     PLACEMENT: Placement
+    OPTIONAL: bool
+
+    def needed(self, node: NodeInfo) -> bool: ...
 
     def unavailable(self, ctx: Context, node: NodeInfo) -> str | None: ...
 
@@ -95,7 +101,7 @@ class Check(Protocol):
 class RankCheck(Check, Protocol):
     """PROBE and GPU placement: the engine calls ``rank_main`` in its own processes."""
 
-    def rank_main(self, rc: RankContext) -> dict[str, Any]: ...
+    def rank_main(self, rank: RankContext) -> dict[str, Any]: ...
 
 
 class ProbeCheck(RankCheck, Protocol):
@@ -115,6 +121,16 @@ class LaunchedCheck(Check, Protocol):
     def command(self, ctx: Context, node: NodeInfo, world: int) -> list[str]: ...
 
     def environment(self, ctx: Context, node: NodeInfo) -> dict[str, str]: ...
+
+    def main(self, argv: Sequence[str]) -> int:
+        """A rank's process (``python -m`` of the check's module): set up, wait at the gate,
+        do the work under ``ranklog.launched_rank``, post the payload."""
+        ...
+
+
+def always_needed(node: NodeInfo) -> bool:
+    """``needed`` of a check that a profile requires on every node it requires it on."""
+    return True
 
 
 def measurement(

@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, measurement, verdict
+from gpuenv.checks.base import (
+    Context,
+    NodeInfo,
+    Placement,
+    always_needed,
+    has_module,
+    measurement,
+    verdict,
+)
 from gpuenv.checks.ranklog import RankContext
 from gpuenv.checks.thresholds import describe_gpu, model_spec, pcie_gbps
 from gpuenv.results import Measurement, Result
@@ -19,6 +27,8 @@ DESCRIPTION = (
     "CuPy per GPU: allocation, elementwise and NVRTC RawKernel, pinned copy GB/s, GEMM TFLOPS"
 )
 PLACEMENT = Placement.GPU
+OPTIONAL = False
+needed = always_needed
 
 
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:
@@ -117,19 +127,19 @@ def _gemm(cp: Any, n: int, iters: int) -> tuple[float, bool]:
     return 2.0 * n**3 * iters / seconds / 1e12, corner_ok(cp, np, a, b, c)
 
 
-def rank_main(rc: RankContext) -> dict[str, Any]:
+def rank_main(rank: RankContext) -> dict[str, Any]:
     import cupy as cp
     import numpy as np
 
-    params = rc.params
-    cp.cuda.Device(rc.device).use()
-    rc.mark("kernels")
+    params = rank.params
+    cp.cuda.Device(rank.device).use()
+    rank.mark("kernels")
     errors = _kernels(cp, np)
-    rc.mark("copy")
+    rank.mark("copy")
     nbytes = int(params["copy_mib"] * 2**20)
     h2d = _copy_gbps(cp, nbytes, int(params["copy_iters"]), H2D)
     d2h = _copy_gbps(cp, nbytes, int(params["copy_iters"]), D2H)
-    rc.mark("gemm")
+    rank.mark("gemm")
     tflops, gemm_ok = _gemm(cp, int(params["gemm_n"]), int(params["gemm_iters"]))
     if not gemm_ok:
         errors.append("GEMM result differs from the fp32 reference")

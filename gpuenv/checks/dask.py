@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuenv.checks import ranklog
-from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, verdict
+from gpuenv.checks.base import Context, NodeInfo, Placement, always_needed, has_module, verdict
 from gpuenv.results import Measurement, Result
 
 NAME = "dask"
@@ -37,6 +37,7 @@ DESCRIPTION = (
 )
 PLACEMENT = Placement.LAUNCHER
 OPTIONAL = True
+needed = always_needed
 MIN_WORKERS = 2  # blocks must travel between workers (x.T), or nothing distributed was proven
 
 
@@ -258,7 +259,7 @@ def children_alive() -> list[Any]:
     return [p for p in multiprocessing.active_children() if p.is_alive()]
 
 
-def rank_main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpuenv.checks.dask")
     parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--n", type=int, default=4096)
@@ -271,12 +272,12 @@ def rank_main(argv: Sequence[str]) -> int:
 
     log.mark(NAME, "ready")
     ranklog.wait_gate()
-    rc = ranklog.launched_rank(NAME, 0, 1)
+    rank = ranklog.launched_rank(NAME, 0, 1)
     with ranklog.Heartbeat(log, NAME):
-        outcome = run_local(args.gpus, args.n, args.chunk, rc.mark, rc.remaining_s)
+        outcome = run_local(args.gpus, args.n, args.chunk, rank.mark, rank.remaining_s)
         log.result(NAME, outcome)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(rank_main(sys.argv[1:]))
+    raise SystemExit(main(sys.argv[1:]))

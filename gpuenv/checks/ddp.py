@@ -21,7 +21,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuenv.checks import ranklog
-from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, module_version, verdict
+from gpuenv.checks.base import (
+    Context,
+    NodeInfo,
+    Placement,
+    always_needed,
+    has_module,
+    module_version,
+    verdict,
+)
 from gpuenv.results import Measurement, Result
 
 NAME = "ddp"
@@ -30,6 +38,8 @@ DESCRIPTION = (
     " equal params, loss down"
 )
 PLACEMENT = Placement.LAUNCHER
+OPTIONAL = False
+needed = always_needed
 MIN_RANKS = 2  # one rank agreeing with itself proves nothing
 
 
@@ -176,17 +186,17 @@ def train(
     }
 
 
-def rank_main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpuenv.checks.ddp")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cpu")
     parser.add_argument("--backend", choices=("nccl", "gloo"), default="gloo")
     parser.add_argument("--gpus", type=int, default=0)
     args = parser.parse_args(argv)
-    rank = int(os.environ["RANK"])
+    index = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    log = ranklog.RankLog(ranklog.RankConfig.load().events, rank)
+    local = int(os.environ.get("LOCAL_RANK", index))
+    log = ranklog.RankLog(ranklog.RankConfig.load().events, index)
     log.mark(NAME, "start")
 
     from datetime import timedelta
@@ -206,16 +216,16 @@ def rank_main(argv: Sequence[str]) -> int:
         import torch._dynamo
     log.mark(NAME, "ready")
     ranklog.wait_gate()
-    rc = ranklog.launched_rank(NAME, rank, world, gpu)
+    rank = ranklog.launched_rank(NAME, index, world, gpu)
     with ranklog.Heartbeat(log, NAME):
         # Below the parent's deadline, so a rank blocked on a missing peer errors out by
         # itself (NCCL's watchdog aborts the communicator; gloo raises) and says so.
-        timeout = timedelta(seconds=rc.remaining_s())
+        timeout = timedelta(seconds=rank.remaining_s())
         kwargs: dict[str, Any] = {"device_id": device} if args.backend == "nccl" else {}
         dist.init_process_group(args.backend, timeout=timeout, **kwargs)
-        rc.mark("process group")
-        ranklog.fault_point(NAME, rank)  # a rank that never joins the first collective
-        outcome = train(rank, world, device, args.steps, rc.mark)
+        rank.mark("process group")
+        ranklog.fault_point(NAME, index)  # a rank that never joins the first collective
+        outcome = train(index, world, device, args.steps, rank.mark)
         log.result(NAME, {
             **outcome,
             "backend": args.backend,
@@ -234,4 +244,4 @@ def installed_version() -> str | None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(rank_main(sys.argv[1:]))
+    raise SystemExit(main(sys.argv[1:]))

@@ -31,6 +31,7 @@ from gpuenv.checks.base import (
     Context,
     NodeInfo,
     Placement,
+    always_needed,
     has_module,
     rank_problems,
     verdict,
@@ -45,6 +46,7 @@ DESCRIPTION = (
 )
 PLACEMENT = Placement.LAUNCHER
 OPTIONAL = True
+needed = always_needed
 MIN_RANKS = 2  # one rank agreeing with itself proves nothing
 
 
@@ -126,7 +128,7 @@ def judge(
     return verdict(ctx, NAME, found, unjudged, passed, ms, versions, details)
 
 
-def rank_main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpuenv.checks.horovod")
     parser.add_argument("--mib", type=float, default=64)
     parser.add_argument("--iters", type=int, default=10)
@@ -138,25 +140,25 @@ def rank_main(argv: Sequence[str]) -> int:
     import torch
 
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    log = ranklog.RankLog(ranklog.RankConfig.load().events, rank)
+    index, size = hvd.rank(), hvd.size()
+    log = ranklog.RankLog(ranklog.RankConfig.load().events, index)
     log.mark(NAME, "start")
     cuda = args.gpus > 0
     device = torch.device("cuda", hvd.local_rank() % args.gpus) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     ranklog.wait_gate()
-    rc = ranklog.launched_rank(NAME, rank, size, device.index or 0)
+    rank = ranklog.launched_rank(NAME, index, size, device.index or 0)
     with ranklog.Heartbeat(log, NAME):
-        rc.mark("allreduce")
-        ranklog.fault_point(NAME, rank)  # a rank that never joins
+        rank.mark("allreduce")
+        ranklog.fault_point(NAME, index)  # a rank that never joins
         n = max(1, int(args.mib * 2**20) // 4)
-        send = torch.full((n,), float(rank + 1), device=device)
+        send = torch.full((n,), float(index + 1), device=device)
         out = hvd.allreduce(send, op=hvd.Sum, name="gpuenv.verify")
         errors = []
         if not bool(torch.all(out == size * (size + 1) / 2)):
             errors.append("hvd.allreduce: wrong sum")
-        rc.mark("bandwidth")
+        rank.mark("bandwidth")
         if cuda:
             torch.cuda.synchronize(device)
         began_at = time.perf_counter()
@@ -180,4 +182,4 @@ def rank_main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(rank_main(sys.argv[1:]))
+    raise SystemExit(main(sys.argv[1:]))

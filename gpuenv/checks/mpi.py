@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ from gpuenv.checks.base import (
     Context,
     NodeInfo,
     Placement,
+    always_needed,
     has_module,
     rank_problems,
     verdict,
@@ -39,7 +39,11 @@ DESCRIPTION = (
 )
 
 PLACEMENT = Placement.LAUNCHER
+OPTIONAL = False
+needed = always_needed
 MIN_RANKS = 2  # one rank agreeing with itself proves nothing
+OMPI_INFO_DEADLINE_S = 30.0
+MPIRUN_VERSION_DEADLINE_S = 20.0
 
 
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:
@@ -69,10 +73,11 @@ def choose_path(has_gpu: bool) -> str:
 
 def _is_open_mpi() -> bool:
     try:
-        done = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
+        done = proc.capture(["mpirun", "--version"], MPIRUN_VERSION_DEADLINE_S)
+    except OSError:
         return False
-    return "Open MPI" in done.stdout + done.stderr or "OpenRTE" in done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    return done.returncode is not None and ("Open MPI" in said or "OpenRTE" in said)
 
 
 def command(ctx: Context, node: NodeInfo, world: int) -> list[str]:
@@ -118,7 +123,7 @@ def judge(
     return verdict(ctx, NAME, found, [], passed, ms, versions, details)
 
 
-def rank_main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpuenv.checks.mpi")
     parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
     parser.add_argument("--mib", type=float, default=16)
@@ -129,11 +134,11 @@ def rank_main(argv: Sequence[str]) -> int:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    log = ranklog.RankLog(ranklog.RankConfig.load().events, rank)
+    index, size = comm.Get_rank(), comm.Get_size()
+    log = ranklog.RankLog(ranklog.RankConfig.load().events, index)
     log.mark(NAME, "start")
     # One answer for every rank: rank 0 asks Open MPI, the others take its word.
-    path = comm.bcast(choose_path(args.device == "cuda") if rank == 0 else None, root=0)
+    path = comm.bcast(choose_path(args.device == "cuda") if index == 0 else None, root=0)
     device = None
     if path == "numpy":
         xp: Any = np
@@ -142,7 +147,7 @@ def rank_main(argv: Sequence[str]) -> int:
         import cupy as cp
 
         xp = cp
-        device = rank % cp.cuda.runtime.getDeviceCount()
+        device = index % cp.cuda.runtime.getDeviceCount()
         cp.cuda.Device(device).use()
         why = (
             "Open MPI built with CUDA support: CuPy buffers passed directly"
@@ -151,15 +156,15 @@ def rank_main(argv: Sequence[str]) -> int:
         )
 
     ranklog.wait_gate()
-    rc = ranklog.launched_rank(NAME, rank, size, device or 0)
+    rank = ranklog.launched_rank(NAME, index, size, device or 0)
     with ranklog.Heartbeat(log, NAME):
-        _collectives(rc, comm, MPI, mpi4py, np, xp, path, args.mib, why, device)
+        _collectives(rank, comm, MPI, mpi4py, np, xp, path, args.mib, why, device)
     comm.Barrier()
     return 0
 
 
 def _collectives(
-    rc: ranklog.RankContext,
+    rank: ranklog.RankContext,
     comm: Any,
     MPI: Any,
     mpi4py: Any,
@@ -170,7 +175,7 @@ def _collectives(
     why: str,
     device: int | None,
 ) -> None:
-    rank, size = rc.rank, rc.world
+    index, size = rank.rank, rank.world
 
     def to_mpi(arr: Any) -> Any:
         if path == "host-staging":
@@ -187,13 +192,13 @@ def _collectives(
         """For checking on the host (no device reduction kernels to compile)."""
         return arr if xp is np else xp.asnumpy(arr)
 
-    rc.mark("ready")
-    ranklog.fault_point(NAME, rank)  # a rank that never joins
-    rc.mark("bcast")
+    rank.mark("ready")
+    ranklog.fault_point(NAME, index)  # a rank that never joins
+    rank.mark("bcast")
     k = max(1, int(mib * 2**20) // 4 // size)
     n = k * size
     errors = []
-    data = xp.arange(n, dtype=xp.float32) if rank == 0 else xp.empty(n, dtype=xp.float32)
+    data = xp.arange(n, dtype=xp.float32) if index == 0 else xp.empty(n, dtype=xp.float32)
     buf = to_mpi(data)
     comm.Bcast(buf, root=0)
     from_mpi(buf, data)
@@ -201,18 +206,18 @@ def _collectives(
     if not np.array_equal(host(data), truth):
         errors.append("Bcast: values differ from the root's")
 
-    rc.mark("gather")
-    local = xp.square(data[rank * k : (rank + 1) * k])  # the same length on every rank
-    recv = xp.empty((size, k), dtype=xp.float32) if rank == 0 else None
+    rank.mark("gather")
+    local = xp.square(data[index * k : (index + 1) * k])  # the same length on every rank
+    recv = xp.empty((size, k), dtype=xp.float32) if index == 0 else None
     rbuf = to_mpi(recv) if recv is not None else None
     comm.Gather(to_mpi(local), rbuf, root=0)
-    if rank == 0:
+    if index == 0:
         from_mpi(rbuf, recv)
         if not np.array_equal(host(recv).reshape(-1), np.square(truth)):
             errors.append("Gather: root received wrong values")
 
-    rc.mark("allreduce")
-    send = xp.full(n, rank + 1, dtype=xp.float32)
+    rank.mark("allreduce")
+    send = xp.full(n, index + 1, dtype=xp.float32)
     out = xp.empty_like(send)
     comm.Barrier()
     t = time.perf_counter()
@@ -224,8 +229,8 @@ def _collectives(
     seconds = time.perf_counter() - t
     if not bool(np.all(host(out) == size * (size + 1) / 2)):
         errors.append("Allreduce: wrong sum")
-    rc.mark("done")
-    rc.log.result(NAME, {
+    rank.mark("done")
+    rank.log.result(NAME, {
         "path": path,
         "why": why,
         "device": device,
@@ -238,4 +243,4 @@ def _collectives(
 
 
 if __name__ == "__main__":
-    raise SystemExit(rank_main(sys.argv[1:]))
+    raise SystemExit(main(sys.argv[1:]))

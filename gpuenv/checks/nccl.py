@@ -27,6 +27,7 @@ DESCRIPTION = (
     "NCCL all-reduce via cupy.cuda.nccl over all GPUs: verified, busbw sweep, per pair, transport"
 )
 PLACEMENT = Placement.GPU
+OPTIONAL = False
 
 
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:
@@ -164,10 +165,16 @@ def _time_allreduce(
     return cp.cuda.get_elapsed_time(start, end) / 1e3 / iters
 
 
-def rank_main(rc: RankContext) -> dict[str, Any]:
-    rank, world, params, log, deadline = rc.rank, rc.world, rc.params, rc.log, rc.deadline_at
+def rank_main(rank: RankContext) -> dict[str, Any]:
+    index, world, params, log, deadline = (
+        rank.rank,
+        rank.world,
+        rank.params,
+        rank.log,
+        rank.deadline_at,
+    )
     # NCCL's own log says which transport it chose (read back below): INFO, one file per rank.
-    debug_file = rc.events / f"nccl-rank{rank}.log"
+    debug_file = rank.events / f"nccl-rank{index}.log"
     os.environ["NCCL_DEBUG"] = "INFO"
     os.environ["NCCL_DEBUG_FILE"] = str(debug_file)
     import cupy as cp
@@ -177,15 +184,15 @@ def rank_main(rc: RankContext) -> dict[str, Any]:
     # Connect at init rather than inside the first all-reduce: then enqueueing never blocks
     # on a missing peer, and the polling below can abort the communicator at the deadline.
     os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
-    cp.cuda.Device(rc.device).use()
-    rc.mark("unique id")
-    uid = share_unique_id(nccl, directory, "all", rank == 0, deadline)
-    comm = nccl.NcclCommunicator(world, uid, rank)
-    rc.mark("communicator")
-    rc.mark("joining")  # a hung rank stays one mark behind this
+    cp.cuda.Device(rank.device).use()
+    rank.mark("unique id")
+    uid = share_unique_id(nccl, directory, "all", index == 0, deadline)
+    comm = nccl.NcclCommunicator(world, uid, index)
+    rank.mark("communicator")
+    rank.mark("joining")  # a hung rank stays one mark behind this
     sizes = [int(mib * 2**20) for mib in params["sizes_mib"]]
     max_count = max(sizes) // 4
-    send = cp.full(max_count, rank + 1, dtype=cp.float32)
+    send = cp.full(max_count, index + 1, dtype=cp.float32)
     recv = cp.zeros(max_count, dtype=cp.float32)
     stream = cp.cuda.Stream(non_blocking=True)
     # The buffers were filled on the legacy default stream, which a non-blocking stream
@@ -209,13 +216,13 @@ def rank_main(rc: RankContext) -> dict[str, Any]:
                 f"all-reduce of {size} bytes",
             )
             sweep.append({"bytes": size, "seconds": seconds})
-            rc.mark(f"{size} bytes")
+            rank.mark(f"{size} bytes")
         expected = world * (world + 1) / 2
         wrong = count_not_equal(cp, recv, expected, max(sizes) // 4)
         pairs = []
         # GPUENV_NCCL_PAIRS=1 measures the pairs on a 2-GPU node too (to exercise that code).
         if world >= 3 or params.get("pairs") or os.environ.get("GPUENV_NCCL_PAIRS") == "1":
-            pairs = _pairs(cp, nccl, comm, rank, world, params, directory, log, deadline)
+            pairs = _pairs(cp, nccl, comm, index, world, params, directory, log, deadline)
     except CollectiveTimeout as exc:
         return {"timeout": str(exc), "sweep": sweep, "transport": nccl_log.read(debug_file)}
     comm.destroy()

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuenv.checks.base import Check, NodeInfo, Placement
 from gpuenv.errors import BadInput
-from gpuenv.results import ClusterReport, Result, Status, Verdict
+from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunVerdict, Status
 
 
 def profile_names(thresholds: Mapping[str, Any]) -> list[str]:
@@ -37,7 +37,7 @@ def requirements(
 
 def is_optional(check: Check) -> bool:
     """An optional check (``OPTIONAL = True``) runs only when asked for."""
-    return bool(getattr(check, "OPTIONAL", False))
+    return check.OPTIONAL
 
 
 def default_names(
@@ -95,7 +95,7 @@ def assess(
     results: Sequence[Result],
     registry: Mapping[str, Check],
     expect_gpus: int | None = None,
-) -> Verdict:
+) -> RunVerdict:
     """Apply the rules to one node's results."""
     # The user's count wins over what the bus shows (a lab container sees its host's bus).
     gpu_node = expect_gpus > 0 if expect_gpus is not None else bool(node.gpus or node.pci_gpus)
@@ -115,8 +115,7 @@ def assess(
             check = registry.get(name)
             if check is None or name not in by_name:
                 continue  # not selected (--only) or not a known check
-            needed = getattr(check, "needed", None)
-            if needed is not None and not needed(node):
+            if not check.needed(node):
                 continue
             required.append(name)
             result = by_name[name]
@@ -128,7 +127,7 @@ def assess(
     if gpu_node and unverified and not any(unverified.endswith(p) for p in problems):
         problems.append(unverified)
     gpu_verified = bool(node.gpus) and unverified is None
-    return Verdict(
+    return RunVerdict(
         ok=not problems,
         profile=profile,
         node_kind=kind,
@@ -177,7 +176,9 @@ def _unchecked_gpu_nodes(report: ClusterReport) -> list[str]:
     ]
 
 
-def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterReport) -> Verdict:
+def assess_cluster(
+    thresholds: Mapping[str, Any], profile: str, report: ClusterReport
+) -> RunVerdict:
     """The rules for a whole cluster: every node's own verdict, and the cluster-wide checks the
     profile requires (those of the stages that ran: not the ones left out).
 
@@ -198,7 +199,7 @@ def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterR
     for result in report.results:
         if (
             one_node
-            and result.node == "cluster"
+            and result.node == CLUSTER_NODE
             and result.status is Status.SKIP
             and _needs_two_nodes(result)
             and EXCUSED_ONE_NODE not in result.reason
@@ -207,7 +208,7 @@ def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterR
     problems += _unchecked_gpu_nodes(report)
     kinds = {run.verdict.node_kind for run in report.node_reports.values()}
     gpu = "gpu" in kinds or any(_gpu_count(f) for f in report.facts.values())
-    cluster = {r.check: r for r in report.results if r.node == "cluster"}
+    cluster = {r.check: r for r in report.results if r.node == CLUSTER_NODE}
     wanted = requirements(thresholds, profile, gpu, "cluster")
     required: list[str] = []
     if wanted is None:
@@ -227,7 +228,7 @@ def assess_cluster(thresholds: Mapping[str, Any], profile: str, report: ClusterR
     if not any(r.status is Status.PASS for r in report.results if r.check != "reach"):
         problems.append("nothing was verified: no check passed")
     gpu_verified = any(run.verdict.gpu_verified for run in report.node_reports.values())
-    return Verdict(
+    return RunVerdict(
         ok=not problems,
         profile=profile,
         node_kind="gpu" if gpu else "cpu",

@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuenv.checks.base import Context, NodeInfo, Placement, has_module
+from gpuenv.checks.base import Context, NodeInfo, Placement, always_needed, has_module
 from gpuenv.checks.cupy import ADD_KERNEL
 from gpuenv.checks.ranklog import RankContext
 from gpuenv.checks.streams import judge_overlap
@@ -33,6 +33,7 @@ DESCRIPTION = (
 )
 PLACEMENT = Placement.GPU
 OPTIONAL = True
+needed = always_needed
 
 # A kernel that only computes (dependent FMAs in registers): it keeps the SMs busy without
 # touching the copy engines or much memory, so any slowdown beside a copy is contention.
@@ -141,23 +142,23 @@ def _overlap(cuda: Any, np: Any, module: Any, nbytes: int) -> dict[str, Any]:
     }
 
 
-def rank_main(rc: RankContext) -> dict[str, Any]:
+def rank_main(rank: RankContext) -> dict[str, Any]:
     import numpy as np
     import pycuda
     import pycuda.driver as cuda
     from pycuda.compiler import SourceModule
 
     cuda.init()
-    context = cuda.Device(rc.device).retain_primary_context()
+    context = cuda.Device(rank.device).retain_primary_context()
     context.push()
     try:
-        rc.mark("compile")
+        rank.mark("compile")
         # The kernels carry their own extern "C"; nvcc is the one found for unavailable().
         module = SourceModule(ADD_KERNEL + BUSY_KERNEL, no_extern_c=True, nvcc=nvcc() or "nvcc")
-        rc.mark("add")
-        errors = _add_on_stream(cuda, np, module, int(rc.params.get("add_n", 1 << 20)))
-        rc.mark("overlap")
-        timing = _overlap(cuda, np, module, int(float(rc.params.get("copy_mib", 256)) * 2**20))
+        rank.mark("add")
+        errors = _add_on_stream(cuda, np, module, int(rank.params.get("add_n", 1 << 20)))
+        rank.mark("overlap")
+        timing = _overlap(cuda, np, module, int(float(rank.params.get("copy_mib", 256)) * 2**20))
     finally:
         context.pop()
     return {

@@ -127,16 +127,13 @@ class NodeRun:
 
 
 def run_checks(
+    registry: Mapping[str, Check],
     ctx: Context,
     names: Sequence[str],
     progress: Progress | None = None,
-    registry: Mapping[str, Check] | None = None,
 ) -> NodeRun:
-    """Run the named checks on this node, in registry order; never raises for a check."""
-    if registry is None:
-        from gpuenv.checks import REGISTRY
-
-        registry = REGISTRY
+    """Run the named checks of ``registry`` on this node, in registry order; never raises for a
+    check. The caller hands the registry (gpuenv.checks.REGISTRY, or fakes in tests)."""
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ValueError(f"unknown check(s): {', '.join(unknown)}")

@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, measurement, verdict
+from gpuenv.checks.base import (
+    Context,
+    NodeInfo,
+    Placement,
+    always_needed,
+    has_module,
+    measurement,
+    verdict,
+)
 from gpuenv.checks.ranklog import RankContext
 from gpuenv.results import Measurement, Result
 
@@ -17,6 +25,8 @@ NAME = "streams"
 DESCRIPTION = "two CUDA streams: host->device copy overlapping a GEMM; overlap measured and judged"
 
 PLACEMENT = Placement.GPU
+OPTIONAL = False
+needed = always_needed
 
 H2D = 1
 
@@ -46,11 +56,11 @@ def _timed(cp: Any, streams: list[Any], work: Any) -> float:
     return max(cp.cuda.get_elapsed_time(start, e) for e in ends)
 
 
-def rank_main(rc: RankContext) -> dict[str, Any]:
+def rank_main(rank: RankContext) -> dict[str, Any]:
     import cupy as cp
 
-    params = rc.params
-    cp.cuda.Device(rc.device).use()
+    params = rank.params
+    cp.cuda.Device(rank.device).use()
     nbytes = int(params["copy_mib"] * 2**20)
     host = cp.cuda.alloc_pinned_memory(nbytes)
     dev = cp.cuda.alloc(nbytes)
@@ -72,14 +82,14 @@ def rank_main(rc: RankContext) -> dict[str, Any]:
             for _ in range(reps):
                 cp.matmul(a, b, out=c)
 
-    rc.mark("alone")
+    rank.mark("alone")
     _timed(cp, [s_copy, s_comp], lambda: (copy(), compute()))  # warm-up: cuBLAS handle, clocks
     t_copy = min(_timed(cp, [s_copy], copy) for _ in range(3))
     t_one = min(_timed(cp, [s_comp], compute) for _ in range(3))
     # As much compute as copy, so that either one can hide the other completely.
     reps = max(1, round(t_copy / t_one))
     t_comp = min(_timed(cp, [s_comp], compute) for _ in range(3))
-    rc.mark("together")
+    rank.mark("together")
     t_both = min(_timed(cp, [s_copy, s_comp], lambda: (copy(), compute())) for _ in range(3))
     overlap = (t_copy + t_comp - t_both) / min(t_copy, t_comp)
     # The result of the GEMM must still be right when it ran beside a copy.

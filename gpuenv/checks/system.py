@@ -25,6 +25,12 @@ DESCRIPTION = (
     "GPUs on the PCI bus and through NVML: count, model, memory, driver, CUDA, ECC, PCIe, NVLink"
 )
 PLACEMENT = Placement.PROBE
+OPTIONAL = False
+
+
+def needed(node: NodeInfo) -> bool:
+    return True  # every node has a bus to describe
+
 
 ROOT_ENV = "GPUENV_ROOT"
 
@@ -145,7 +151,7 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def rank_main(rc: RankContext) -> dict[str, Any]:
+def rank_main(rank: RankContext) -> dict[str, Any]:
     return {"probe": probe(), "pci_gpus": pci_gpus(), "versions": library_versions()}
 
 

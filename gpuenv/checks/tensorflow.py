@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuenv.checks import ranklog
-from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, verdict
+from gpuenv.checks.base import Context, NodeInfo, Placement, always_needed, has_module, verdict
 from gpuenv.results import Measurement, Result
 
 NAME = "tensorflow"
@@ -32,6 +32,7 @@ DESCRIPTION = (
 )
 PLACEMENT = Placement.LAUNCHER
 OPTIONAL = True
+needed = always_needed
 MIN_REPLICAS = 2  # one replica agreeing with itself proves nothing
 # Memory of each logical GPU where one GPU is split in two (MiB): the model needs a few MiB.
 LOGICAL_GPU_MIB = 1024
@@ -168,7 +169,7 @@ def train(tf: Any, kind: str, epochs: int, mark: Any) -> dict[str, Any]:
     }
 
 
-def rank_main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpuenv.checks.tensorflow")
     parser.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args(argv)
@@ -179,11 +180,11 @@ def rank_main(argv: Sequence[str]) -> int:
 
     log.mark(NAME, "ready")
     ranklog.wait_gate()
-    rc = ranklog.launched_rank(NAME, 0, 1)
+    rank = ranklog.launched_rank(NAME, 0, 1)
     with ranklog.Heartbeat(log, NAME):
-        rc.mark("devices")
+        rank.mark("devices")
         kind, physical = _split_devices(tf)
-        outcome = train(tf, kind, args.epochs, rc.mark)
+        outcome = train(tf, kind, args.epochs, rank.mark)
         log.result(NAME, {
             **outcome,
             "device_kind": kind,
@@ -194,4 +195,4 @@ def rank_main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(rank_main(sys.argv[1:]))
+    raise SystemExit(main(sys.argv[1:]))

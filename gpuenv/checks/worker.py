@@ -25,26 +25,26 @@ from gpuenv.checks.ranklog import (
 
 
 def main(argv: Sequence[str]) -> int:
-    rank = int(argv[0])
+    index = int(argv[0])
     config = RankConfig.load()
-    log = RankLog(config.events, rank)
+    log = RankLog(config.events, index)
     for name, spec in config.checks.items():
         check = importlib.import_module(spec["module"])
-        rc = RankContext(
+        rank = RankContext(
             check=name,
-            rank=rank,
+            rank=index,
             world=config.world,
             params=config.params(name),
             log=log,
             # The parent's clock for this check starts when the previous one ended.
             deadline_at=time.monotonic() + config.deadline_s(name) - RANK_MARGIN_S,
-            device=rank,
+            device=index,
         )
         log.mark(name, "start")
         try:
             with Heartbeat(log, name):
-                fault_point(name, rank)
-                payload = check.rank_main(rc)
+                fault_point(name, index)
+                payload = check.rank_main(rank)
         except Exception as exc:  # reported as the check's ERROR, with where it broke
             payload = {
                 "error": f"{type(exc).__name__}: {exc}",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 from collections.abc import Callable
+
+from gpuenv import proc
 
 # `nvidia-smi -L` answers in well under a second; one that hangs (a GPU in a bad state) is not
 # waited for: the probe's own NVML reading decides then.
@@ -81,11 +82,8 @@ def nvidia_smi_uuids(
 
 
 def _run_text(argv: list[str]) -> str | None:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=NVIDIA_SMI_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
+    rc, out = proc.command_output(argv, NVIDIA_SMI_S)
+    return out if rc == 0 else None
 
 
 def _gpu_of(item: str, uuids: dict[str, str] | None) -> str:

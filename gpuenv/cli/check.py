@@ -183,7 +183,7 @@ def run(ctx: Any, names: list[str], json_on_stdout: bool) -> Any:
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     began_at = time.monotonic()
     with CheckTable(names, console, ctx.node) as table:
-        done = run_checks(ctx, names, table)
+        done = run_checks(REGISTRY, ctx, names, table)
     wall_s = time.monotonic() - began_at
     verdict = assess(
         ctx.thresholds, ctx.profile, done.node, done.results, REGISTRY, ctx.expect_gpus

@@ -33,7 +33,13 @@ def _sizes(text: str) -> list[int]:
     return sorted(out)
 
 
+def _mib_list(sizes: Sequence[int]) -> str:
+    return ",".join(f"{s >> 20}M" for s in sizes)
+
+
 def register(subparsers: Any) -> None:
+    from gpuenv.cluster import defaults, pairs
+
     p = subparsers.add_parser(
         "cluster",
         help="validate all nodes of an inventory: checks, consistency, multi-node runs, pairs",
@@ -55,14 +61,16 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--deadline",
         type=positive(float, "seconds > 0"),
-        default=300.0,
-        help="deadline of each node's command and of each launch (default 300)",
+        default=defaults.DEADLINE_S,
+        help="deadline of each node's command and of each launch"
+        f" (default {defaults.DEADLINE_S:g})",
     )
     p.add_argument(
         "--port",
         type=int,
-        default=29400,
-        help="rendezvous port on the first node; pair runs use the next ones",
+        default=defaults.PORT,
+        help=f"rendezvous port on the first node; pair runs use the next ones"
+        f" (default {defaults.PORT})",
     )
     p.add_argument(
         "--min-busbw",
@@ -73,8 +81,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--pair-relative",
         type=positive(float, "a fraction > 0"),
-        default=0.5,
-        help="without --min-busbw, a pair fails below this x the median (default 0.5)",
+        default=pairs.RELATIVE,
+        help="without --min-busbw, a pair fails below this x the median"
+        f" (default {pairs.RELATIVE:g})",
     )
     p.add_argument(
         "--nproc-per-node",
@@ -84,20 +93,21 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--sizes",
         type=_sizes,
-        default=_sizes("1M,8M,64M"),
-        help="all-reduce sizes across nodes (default 1M,8M,64M)",
+        default=list(defaults.SIZES),
+        help=f"all-reduce sizes across nodes (default {_mib_list(defaults.SIZES)})",
     )
     p.add_argument(
         "--pair-size",
         type=_sizes,
-        default=_sizes("64M"),
-        help="all-reduce size of each pair test (default 64M)",
+        default=[defaults.PAIR_BYTES],
+        help=f"all-reduce size of each pair test (default {_mib_list([defaults.PAIR_BYTES])})",
     )
     p.add_argument(
         "--matrix-max-nodes",
         type=int,
-        default=8,
-        help="measure the full pair matrix up to this many nodes (default 8)",
+        default=defaults.MATRIX_MAX_NODES,
+        help="measure the full pair matrix up to this many nodes"
+        f" (default {defaults.MATRIX_MAX_NODES})",
     )
     p.add_argument(
         "--skip",
@@ -210,7 +220,7 @@ def handler(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from gpuenv.cluster import inventory, pipeline
+    from gpuenv.cluster import defaults, inventory, pipeline
 
     hosts = inventory.load(args.inventory, args.limit)  # BadInput before anything is launched
     out = Console(stderr=args.json == "-")
@@ -218,7 +228,7 @@ def handler(args: argparse.Namespace) -> int:
     opts = pipeline.Options(
         check_args=["--profile", args.profile, *check_args],
         deadline_s=args.deadline,
-        probe_deadline_s=min(pipeline.PROBE_DEADLINE_S, args.deadline),
+        probe_deadline_s=min(defaults.PROBE_DEADLINE_S, args.deadline),
         port=args.port,
         nproc_per_node=args.nproc_per_node,
         sizes=args.sizes,
@@ -226,7 +236,7 @@ def handler(args: argparse.Namespace) -> int:
         min_busbw=args.min_busbw,
         pair_relative=args.pair_relative,
         matrix_max_nodes=args.matrix_max_nodes,
-        max_loss_ratio=float(thresholds["ddp"]["max_loss_ratio"]),
+        max_loss_ratio=float(thresholds["ddp"]["max_loss_ratio"]),  # the node check's own
         stages=stages,
     )
     report = _run(opts, hosts, args.profile, thresholds, out, not args.no_progress)
@@ -263,13 +273,14 @@ def _run(
 
 def _write_reports(report: ClusterReport, args: argparse.Namespace, out: Any) -> None:
     from gpuenv.report import jsonreport, junit
+    from gpuenv.results import CLUSTER_NODE
 
     if args.json:
         jsonreport.write(report, args.json)
     if args.junit:
         verdicts = {n: r.verdict for n, r in report.node_reports.items()}
         if report.verdict is not None:
-            verdicts["cluster"] = report.verdict
+            verdicts[CLUSTER_NODE] = report.verdict
         junit.write(report.results, args.junit, "gpuenv.cluster", verdicts)
     if args.html:
         from gpuenv.report import html

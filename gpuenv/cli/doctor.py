@@ -101,7 +101,7 @@ def handler(args: argparse.Namespace) -> int:
     only = _validate(args)
     from gpuenv import __version__
     from gpuenv.doctor import render
-    from gpuenv.results import RunReport, Verdict
+    from gpuenv.results import CLUSTER_NODE, RunReport, RunVerdict
 
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     t0 = time.monotonic()
@@ -110,7 +110,7 @@ def handler(args: argparse.Namespace) -> int:
         from gpuenv.doctor import fleet
 
         hosts = inventory.load(args.inventory, args.limit)  # BadInput before anything runs
-        node = "cluster"
+        node = CLUSTER_NODE
         results = _fleet(fleet, hosts, args, only)
     else:
         from gpuenv.doctor import diagnosis
@@ -127,7 +127,7 @@ def handler(args: argparse.Namespace) -> int:
     report = RunReport(
         node=node,
         profile="doctor",
-        verdict=Verdict(ok=not problems, profile="doctor", node_kind="", problems=problems),
+        verdict=RunVerdict(ok=not problems, profile="doctor", node_kind="", problems=problems),
         results=results,
         started_at=started,
         duration_s=round(wall, 3),

@@ -117,10 +117,10 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _names_and_client() -> tuple[settings.Names, docker.DockerClient]:
-    from gpuenv.lab import engine
+    from gpuenv.lab import docker_client
 
     names = settings.Names.from_env()
-    return names, engine.connect()
+    return names, docker_client.connect()
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuenv.results import Measurement, Result, Status
+from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
 
 ABSENT = "<absent>"
 # Facts that legitimately differ between nodes.
@@ -70,7 +70,7 @@ def consistency_result(facts: Mapping[str, Mapping[str, str]], duration_s: float
         # needs_nodes: the verdict excuses this SKIP on a one-node cluster, and only there.
         return Result(
             check="consistency",
-            node="cluster",
+            node=CLUSTER_NODE,
             status=Status.SKIP,
             reason=f"{len(facts)} node(s) answered: nothing to compare",
             duration_s=duration_s,
@@ -90,7 +90,7 @@ def consistency_result(facts: Mapping[str, Mapping[str, str]], duration_s: float
     if found:
         return Result(
             check="consistency",
-            node="cluster",
+            node=CLUSTER_NODE,
             status=Status.FAIL,
             reason="nodes disagree: " + " | ".join(d.describe() for d in found),
             measurements=measurements,
@@ -99,7 +99,7 @@ def consistency_result(facts: Mapping[str, Mapping[str, str]], duration_s: float
         )
     return Result(
         check="consistency",
-        node="cluster",
+        node=CLUSTER_NODE,
         status=Status.PASS,
         reason=f"{len(facts)} nodes agree on {compared} facts",
         measurements=measurements,

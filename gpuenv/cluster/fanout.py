@@ -4,7 +4,7 @@ SSH hosts go through fabric with the inventory's connection settings; host keys 
 against the inventory's known_hosts with paramiko's RejectPolicy (an unknown or changed key is
 refused, never added). Hosts with ``ansible_connection=local`` (several "nodes" emulated on one
 machine) run as local process groups. Either way the command is the same string and its
-result the same ``Outcome``, so everything above this module has one code path.
+result the same ``NodeAnswer``, so everything above this module has one code path.
 
 Nothing outlives its deadline: on a node the command runs under coreutils ``timeout``, which
 kills its whole process group; a local command runs in its own session, killed by gpuenv.proc;
@@ -24,11 +24,12 @@ import json
 import os
 import resource
 import shlex
-import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpuenv import proc
@@ -48,8 +49,8 @@ WAIT_POLL_S = 0.2
 
 
 @dataclass
-class Outcome:
-    """What one command did on one node."""
+class NodeAnswer:
+    """What one command did on one node: its answer, or why there was none."""
 
     host: str
     rc: int | None  # None: it never finished (unreachable, refused, deadline)
@@ -93,53 +94,45 @@ def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
 
 
 class _Local:
-    """A local process group: the emulated node of a one-machine 'cluster'."""
+    """A local process session (gpuenv.proc): the emulated node of a one-machine 'cluster'."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
-        self._proc: subprocess.Popen[str] | None = None
+        self._launch: proc.Launch | None = None
         self._lock = threading.Lock()
         self._stopped = False  # set by close(): a command not started yet never starts
 
-    def run(self, command: str, deadline_s: float) -> Outcome:
+    def run(self, command: str, deadline_s: float) -> NodeAnswer:
         start = time.monotonic()
         env = {**os.environ, **self.host.env}
         if self.host.problem:
-            return Outcome(self.host.name, None, error=self.host.problem)
-        with self._lock:
-            if self._stopped:
-                return Outcome(self.host.name, None, error="stopped before it started")
-            child = subprocess.Popen(
-                ["bash", "-c", command],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-                start_new_session=True,
-            )
-            self._proc = child
-        try:
-            out, err = child.communicate(timeout=deadline_s)
-            rc: int | None = child.returncode
-            error = ""
-        except subprocess.TimeoutExpired:
-            self.close()
-            out, err = child.communicate()
-            rc, error = None, f"did not finish within {deadline_s:.0f} s; killed"
-        finally:
-            self.close()
-        return Outcome(self.host.name, rc, out, err, time.monotonic() - start, error)
+            return NodeAnswer(self.host.name, None, error=self.host.problem)
+        with tempfile.TemporaryDirectory(prefix="gpuenv-node-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            with self._lock:
+                if self._stopped:
+                    return NodeAnswer(self.host.name, None, error="stopped before it started")
+                launch = proc.Launch(["bash", "-c", command], out, env, err_log=err).start()
+                self._launch = launch
+            try:
+                # Hundreds of emulated nodes end at once: their process groups are enough,
+                # without reading the process table for each.
+                ended = proc.wait(launch, deadline_s, sweep=False)
+            finally:
+                self.close()
+            rc, error = ended.returncode, ""
+            if ended.timed_out:
+                rc, error = None, f"did not finish within {deadline_s:.0f} s; killed"
+            stdout, stderr = (p.read_text(encoding="utf-8", errors="replace") for p in (out, err))
+        return NodeAnswer(self.host.name, rc, stdout, stderr, time.monotonic() - start, error)
 
     def close(self) -> None:
         """Kill whatever the command left in its session (workers of a launcher too)."""
         with self._lock:
             self._stopped = True
-            running = self._proc
+            running = self._launch
         if running is not None:
-            running.poll()  # reap a finished leader so that only live members keep the group
-            proc.kill_session(running.pid, KILL_AFTER_S, sweep=False, reap=running.poll)
-            running.poll()
+            running.kill(KILL_AFTER_S, sweep=False)
 
 
 class _SSH:
@@ -179,7 +172,7 @@ class _SSH:
             self._conn = conn
         return conn
 
-    def run(self, command: str, deadline_s: float) -> Outcome:
+    def run(self, command: str, deadline_s: float) -> NodeAnswer:
         import paramiko
         from invoke.exceptions import CommandTimedOut
 
@@ -191,15 +184,15 @@ class _SSH:
             f"timeout -k {KILL_AFTER_S} {max(1, int(deadline_s))} bash -lc {shlex.quote(inner)}"
         )
 
-        def failed(error: str) -> Outcome:
-            return Outcome(h.name, None, "", "", time.monotonic() - start, error)
+        def failed(error: str) -> NodeAnswer:
+            return NodeAnswer(h.name, None, "", "", time.monotonic() - start, error)
 
         if h.problem:
             return failed(h.problem)
         try:
             conn = self._connect(min(deadline_s, 20.0))
             if self.stopped:
-                return Outcome(h.name, None, error="stopped before it started")
+                return NodeAnswer(h.name, None, error="stopped before it started")
             res = conn.run(remote, hide=True, warn=True, in_stream=False, timeout=deadline_s + 2)
         except CommandTimedOut:
             return failed(f"did not finish within {deadline_s:.0f} s")
@@ -228,7 +221,7 @@ class _SSH:
             if rc in (124, 137)
             else ""
         )
-        return Outcome(h.name, rc, res.stdout, res.stderr, time.monotonic() - start, error)
+        return NodeAnswer(h.name, rc, res.stdout, res.stderr, time.monotonic() - start, error)
 
     def close(self) -> None:
         with self._lock:
@@ -285,8 +278,8 @@ def fan_out(
     label: str = "nodes",
     progress: Progress | None = None,
     stop_others: Callable[[Host], str] | None = None,
-) -> dict[str, Outcome]:
-    """Run ``command(host)`` on every host at once; one Outcome per host, by its deadline.
+) -> dict[str, NodeAnswer]:
+    """Run ``command(host)`` on every host at once; one NodeAnswer per host, by its deadline.
 
     Each node has its own deadline, from the moment its command started. With
     ``stop_others`` (a launch whose ranks wait for each other), the first node that fails
@@ -299,12 +292,12 @@ def fan_out(
     progress = progress or Silent()
     ensure_fds(len(hosts))
     runners = {h.name: transport(h) for h in hosts}
-    outcomes: dict[str, Outcome] = {}
+    outcomes: dict[str, NodeAnswer] = {}
     started_at: dict[str, float] = {}
     # One thread per node: no node waits in a queue behind another.
     pool = cf.ThreadPoolExecutor(max_workers=len(hosts), thread_name_prefix="gpuenv-node")
 
-    def run_one(h: Host) -> Outcome:
+    def run_one(h: Host) -> NodeAnswer:
         started_at[h.name] = time.monotonic()
         return runners[h.name].run(command(h), deadline_s)
 
@@ -320,7 +313,7 @@ def fan_out(
                 try:
                     outcomes[name] = fut.result()
                 except Exception as exc:
-                    outcomes[name] = Outcome(name, None, error=f"{type(exc).__name__}: {exc}")
+                    outcomes[name] = NodeAnswer(name, None, error=f"{type(exc).__name__}: {exc}")
                 progress.update(label, f"{len(outcomes)}/{len(hosts)} answered (last: {name})")
                 if first_failure:
                     outcomes[name].error = f"stopped because {first_failure} failed first"
@@ -335,7 +328,7 @@ def fan_out(
                 if began_at is not None and now > began_at + deadline_s + GRACE_S:
                     pending.discard(fut)
                     runners[name].close()
-                    outcomes[name] = Outcome(
+                    outcomes[name] = NodeAnswer(
                         name,
                         None,
                         duration_s=now - began_at,
@@ -345,7 +338,7 @@ def fan_out(
         for h in hosts:
             if h.name not in outcomes:
                 runners[h.name].close()
-                outcomes[h.name] = Outcome(h.name, None, error="interrupted before it answered")
+                outcomes[h.name] = NodeAnswer(h.name, None, error="interrupted before it answered")
         pool.shutdown(wait=False, cancel_futures=True)
     failed = sum(not o.ok for o in outcomes.values())
     progress.end(label, f"{len(hosts) - failed}/{len(hosts)} ok", "FAIL" if failed else "PASS")

@@ -13,12 +13,12 @@ import shlex
 import shutil
 import socket
 import stat
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuenv import proc
 from gpuenv.errors import BadInput, EnvironmentProblem
 
 # The defaults of roles/ssh_mesh (ssh_mesh_user) and roles/mpi (mpi_hostfile).
@@ -73,12 +73,11 @@ def _ansible_inventory(
         "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
         "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True",
     }
-    try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, env=env, timeout=_INVENTORY_TIMEOUT_S, check=False
+    done = proc.capture(argv, _INVENTORY_TIMEOUT_S, env=env)
+    if done.returncode is None:
+        raise BadInput(
+            f"inventory {inventory}: ansible-inventory did not answer in {_INVENTORY_TIMEOUT_S} s"
         )
-    except subprocess.TimeoutExpired as exc:
-        raise BadInput(f"inventory {inventory}: ansible-inventory did not answer in 120 s") from exc
     if done.returncode != 0:
         raise BadInput(f"inventory {inventory} does not parse: {_why(done.stderr)}")
     try:

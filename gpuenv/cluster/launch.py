@@ -21,7 +21,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from gpuenv.cluster.fanout import Outcome, shell_command
+from gpuenv.cluster.fanout import NodeAnswer, shell_command
 from gpuenv.cluster.inventory import Host
 from gpuenv.cluster.worker import MARK
 
@@ -135,7 +135,7 @@ def stop_dask(rid: str) -> str:
     return f"pkill -TERM -f -- 'run-id=[{rid[0]}]{rid[1:]}' || true"
 
 
-def payloads(outcome: Outcome) -> list[dict[str, Any]]:
+def payloads(outcome: NodeAnswer) -> list[dict[str, Any]]:
     """The GPUENV_RESULT lines a node's ranks printed."""
     found = []
     for line in outcome.stdout.splitlines():

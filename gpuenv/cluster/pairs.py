@@ -27,6 +27,9 @@ Pair = tuple[str, str]
 # Runs all the given (disjoint) pairs at once; bus bandwidth per pair in GB/s, None when the
 # pair's run failed or did not finish in time.
 RoundTester = Callable[[Sequence[Pair]], Mapping[Pair, "float | None"]]
+# Without a threshold, a pair passes at this fraction of round 1's median (the CLI's
+# --pair-relative, which the pair matrix uses too).
+RELATIVE = 0.5
 
 
 @dataclass
@@ -59,7 +62,7 @@ def isolate(
     test_round: RoundTester,
     threshold: float | None = None,
     max_rounds: int = 12,
-    relative: float = 0.5,
+    relative: float = RELATIVE,
 ) -> Isolation:
     """Name the bad nodes and links among ``nodes`` with as few parallel rounds as possible.
 

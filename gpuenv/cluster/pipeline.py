@@ -20,14 +20,14 @@ one whose needs are met and records why the others did not run. In order:
    CPU-only nodes), verified against numpy, and nothing left running on any node.
 
 Every command on a node runs in a login shell as the cluster user, with plain ``python3``,
-``torchrun`` and ``mpirun`` as a user types them (gpuenv.cluster.launch).
+``torchrun`` and ``mpirun`` as a user types them (gpuenv.cluster.launch). The stages run and
+gather; what their answers are worth (PASS, FAIL, SKIP) is gpuenv.cluster.judge's to say.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import shlex
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,39 +35,50 @@ from typing import Any
 
 from gpuenv.checks import ddp as ddp_check
 from gpuenv.checks import nccl_log
-from gpuenv.cluster import consistency, launch, pairs, preflight
-from gpuenv.cluster.fanout import Outcome, fan_out
+from gpuenv.cluster import consistency, judge, launch, pairs, preflight
+from gpuenv.cluster.defaults import (
+    DEADLINE_S,
+    ITERS,
+    MATRIX_MAX_NODES,
+    MIB,
+    PAIR_BYTES,
+    PORT,
+    PROBE_DEADLINE_S,
+    SIZES,
+    STEPS,
+)
+from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
 from gpuenv.progress import Progress, Silent
-from gpuenv.results import ClusterReport, Measurement, Result, RunReport, Status
+from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunReport, Status
 
-MIB = 1 << 20
 # torchrun's own rendezvous and process-group timeouts sit this far inside the launch's
 # deadline, so that its ranks report a missing peer before the controller kills them.
 LAUNCH_MARGIN_S = 5.0
 # The rendezvous preflight never needs more than this, whatever the launch deadline.
 RENDEZVOUS_CAP_S = 60.0
-# How long a node gets to answer the first probe, however long the launch deadline.
-PROBE_DEADLINE_S = 30.0
 # How many pair launches run at once in a round of the pair matrix or of isolation.
 PAIR_PARALLELISM = 32
+# The dask scheduler listens this far above the rendezvous port (the pair runs use the next 32).
+DASK_PORT_OFFSET = 64
 
 
 @dataclass
 class Options:
     check_args: list[str] = field(default_factory=lambda: ["--profile", "quick"])
-    deadline_s: float = 300.0  # per node command (gpuenv check, each launch)
-    probe_deadline_s: float = 30.0
-    port: int = 29400
+    deadline_s: float = DEADLINE_S
+    probe_deadline_s: float = PROBE_DEADLINE_S
+    port: int = PORT
     nproc_per_node: int | None = None  # None: GPUs per node, or 1 without GPUs
-    sizes: list[int] = field(default_factory=lambda: [MIB, 8 * MIB, 64 * MIB])
-    iters: int = 5
-    steps: int = 5
-    pair_bytes: int = 64 * MIB
+    sizes: list[int] = field(default_factory=lambda: list(SIZES))
+    iters: int = ITERS
+    steps: int = STEPS
+    pair_bytes: int = PAIR_BYTES
     min_busbw: float | None = None  # GB/s the all-node run must reach; None: from transport
-    pair_relative: float = 0.5
-    matrix_max_nodes: int = 8
-    max_loss_ratio: float = 0.9
+    pair_relative: float = pairs.RELATIVE
+    matrix_max_nodes: int = MATRIX_MAX_NODES
+    # None: the node check's own (thresholds.yaml ddp.max_loss_ratio)
+    max_loss_ratio: float | None = None
     stages: tuple[str, ...] = ()  # empty: every stage that is not optional
     dask_size: tuple[int, int] = (4096, 1024)  # n and chunk of the dask stage's x (n x n)
     progress: Progress = field(default_factory=Silent)
@@ -94,7 +105,7 @@ class State:
         label: str,
         deadline_s: float | None = None,
         stop_others: Callable[[Host], str] | None = None,
-    ) -> dict[str, Outcome]:
+    ) -> dict[str, NodeAnswer]:
         return fan_out(
             hosts,
             command,
@@ -112,10 +123,6 @@ class Stage:
     multi_node: bool = False  # needs at least 2 nodes that answered
     needs: tuple[str, ...] = ()  # cluster results that must have PASSed first
     optional: bool = False  # runs only when asked (named in Options.stages)
-
-
-def _skip(check: str, reason: str) -> Result:
-    return Result(check, "cluster", Status.SKIP, reason)
 
 
 # ---------------------------------------------------------------- probe, check, consistency
@@ -197,8 +204,11 @@ def rendezvous_stage(state: State) -> None:
 def _nproc(host: Host, state: State) -> int:
     if state.opts.nproc_per_node:
         return state.opts.nproc_per_node
-    count = int(state.probes.get(host.name, {}).get("facts", {}).get("gpu.count", "0") or 0)
-    return max(1, count)
+    return max(1, _gpus(host, state))
+
+
+def _gpus(host: Host, state: State) -> int:
+    return int(state.probes.get(host.name, {}).get("facts", {}).get("gpu.count", "0") or 0)
 
 
 def _link_gbps(state: State, transports: nccl_log.Transports) -> float | None:
@@ -220,6 +230,14 @@ def _active_ib(state: State) -> dict[str, list[str]]:
     }
 
 
+def _max_loss_ratio(opts: Options) -> float:
+    if opts.max_loss_ratio is not None:
+        return opts.max_loss_ratio
+    from gpuenv.checks.thresholds import load_thresholds
+
+    return float(load_thresholds()["ddp"]["max_loss_ratio"])
+
+
 def torch_stage(state: State) -> None:
     """torchrun across all nodes: values (allreduce), bandwidth (busbw), DDP (ddp)."""
     opts, hosts = state.opts, state.alive
@@ -236,6 +254,7 @@ def torch_stage(state: State) -> None:
         stop_others=lambda _h: launch.stop(rid),
     )  # fmt: skip
     duration_s = time.monotonic() - began_at
+    max_loss_ratio = _max_loss_ratio(opts)
     bad: dict[str, str] = {}
     ddp_bad: dict[str, str] = {}
     backend = "?"
@@ -253,75 +272,28 @@ def torch_stage(state: State) -> None:
         if not all(s.get("correct") for s in p.get("sweep", [])):
             bad[name] = "all-reduce gave wrong values"
         posted.append(p.get("transport") or {})
-        found = ddp_check.problems(p.get("ddp", {}), opts.max_loss_ratio)
+        found = ddp_check.problems(p.get("ddp", {}), max_loss_ratio)
         if found:
             ddp_bad[name] = "; ".join(found)
-    transports = nccl_log.merge(posted)
     world = sum(nprocs.values())
-    ranks = Measurement("ranks", world, "", 2.0, "min")
     details: dict[str, Any] = {"backend": backend, "sizes": opts.sizes, "per_node_failure": bad}
     if bad:
-        why = "; ".join(f"{n}: {w}" for n, w in bad.items())
-        state.add(Result("allreduce", "cluster", Status.FAIL,
-                         f"torchrun across nodes failed: {why}", [ranks], duration_s=duration_s,
-                         details=details))  # fmt: skip
-        for check in ("busbw", "ddp"):
-            state.add(Result(check, "cluster", Status.FAIL,
-                             "not run to the end: torchrun across nodes failed"))  # fmt: skip
+        for r in judge.torchrun_failed(bad, world, details, duration_s):
+            state.add(r)
         state.busbw_ok = False
         return
-    state.add(Result("allreduce", "cluster", Status.PASS,
-                     f"{world} ranks on {len(hosts)} nodes ({backend}): values verified at"
-                     f" {len(opts.sizes)} sizes", [ranks], duration_s=duration_s,
-                     details=details))  # fmt: skip
-    state.add(_busbw_result(state, backend, transports))
-    step_s = first.get("ddp", {}).get("step_time_s") or 0.0
-    state.add(Result(
-        "ddp", "cluster", Status.FAIL if ddp_bad else Status.PASS,
-        "; ".join(f"{n}: {w}" for n, w in ddp_bad.items())
-        or f"{world} ranks: parameters identical, loss fell to <= {opts.max_loss_ratio} x",
-        [Measurement("step_time", round(step_s, 4), "s"), ranks],
-        duration_s=duration_s, details={"backend": backend},
-    ))  # fmt: skip
-
-
-def _busbw_result(state: State, backend: str, transports: nccl_log.Transports) -> Result:
-    """The all-node bandwidth against a floor: --min-busbw, else derived from the transport NCCL
-    used and the nodes' links. No floor: SKIP naming what is missing, never a PASS."""
-    opts = state.opts
-    largest = [s[-1]["busbw_gbps"] for s in state.report.sweeps.values() if s]
-    busbw = min(largest) if largest else 0.0
-    details: dict[str, Any] = {"transport": transports.to_dict(), "backend": backend}
-    problems = (
-        nccl_log.inter_node_problems(transports, _active_ib(state)) if backend == "nccl" else []
-    )
-    link = _link_gbps(state, transports) if backend == "nccl" else None
-    floor = opts.min_busbw
-    source = "--min-busbw"
-    if floor is None and backend == "nccl":
-        floor = nccl_log.floor_gbps(transports, link)
-        source = f"{transports.summary()} on {link} GB/s links" if floor else ""
-    details.update(floor_gbps=floor, floor_from=source, link_gbps=link)
+    state.add(judge.allreduce(world, len(hosts), backend, opts.sizes, details, duration_s))
+    transports = nccl_log.merge(posted)
+    busbw, floor = judge.busbw(
+        judge.Bandwidth(state.report.sweeps, backend, transports, _link_gbps(state, transports),
+                        _active_ib(state), opts.min_busbw, opts.sizes[-1])
+    )  # fmt: skip
     state.report.thresholds["busbw_floor_gbps"] = floor
-    size = opts.sizes[-1] / MIB
-    m = Measurement("busbw", round(busbw, 3), "GB/s", floor, "min" if floor is not None else None)
-    if floor is not None and busbw < floor:
-        problems.append(f"busbw {busbw:.2f} GB/s at {size:g} MiB < {floor:.2f} GB/s ({source})")
-    if problems:
+    if busbw.status is Status.FAIL:
         state.busbw_ok = False
-        return Result("busbw", "cluster", Status.FAIL, "; ".join(problems), [m], details=details)
-    if floor is None:
-        missing = (
-            f"{backend} has no NCCL transport to derive a floor from"
-            if backend != "nccl"
-            else "the nodes' link speeds are unknown (no /sys/class/net or infiniband rate)"
-        )
-        return Result("busbw", "cluster", Status.SKIP,
-                      f"busbw {busbw:.2f} GB/s at {size:g} MiB NOT JUDGED: {missing};"
-                      " give --min-busbw", [m], details=details)  # fmt: skip
-    return Result("busbw", "cluster", Status.PASS,
-                  f"busbw {busbw:.2f} GB/s at {size:g} MiB >= {floor:.2f} GB/s ({source})",
-                  [m], details=details)  # fmt: skip
+    state.add(busbw)
+    step_s = first.get("ddp", {}).get("step_time_s") or 0.0
+    state.add(judge.ddp(ddp_bad, world, step_s, max_loss_ratio, backend, duration_s))
 
 
 def mpi_stage(state: State) -> None:
@@ -334,28 +306,10 @@ def mpi_stage(state: State) -> None:
         why = out.why() if not out.ok else "no result from rank 0"
         named = None if master.local else launch.mpirun_failure(out.stderr + out.stdout, hosts)
         why = f"{named} ({why})" if named else why
-        state.add(Result("mpi", "cluster", Status.FAIL, f"mpirun from {master.name}: {why}",
-                         duration_s=out.duration_s, details={"command": cmd}))  # fmt: skip
+        state.add(judge.mpi_failed(master.name, why, cmd, out.duration_s))
         return
-    p = got[0]
-    spread = len(set(p.get("rank_hosts", [])))
     want = 1 if master.local else len(hosts)
-    ok = bool(p.get("correct")) and spread >= want and p.get("world_size") == len(hosts)
-    ok = ok and len(hosts) >= 2
-    reason = (
-        f"{p.get('world_size')} ranks on {spread} host(s), all-reduce "
-        f"{'correct' if p.get('correct') else 'WRONG'}, {p.get('busbw_gbps', 0):.2f} GB/s"
-        f" (plain python3 from {p.get('python', '?')})"
-    )
-    if spread < want:
-        reason += f"; expected ranks on {want} hosts"
-    state.add(Result(
-        "mpi", "cluster", Status.PASS if ok else Status.FAIL, reason,
-        [Measurement("ranks", int(p.get("world_size", 0)), "", 2.0, "min"),
-         Measurement("busbw", round(float(p.get("busbw_gbps", 0.0)), 3), "GB/s")],
-        versions={"mpi": str(p.get("mpi", ""))}, duration_s=out.duration_s,
-        details={"rank_hosts": p.get("rank_hosts", []), "command": cmd},
-    ))  # fmt: skip
+    state.add(judge.mpi(got[0], len(hosts), want, cmd, out.duration_s))
 
 
 def pair_tester(
@@ -425,47 +379,17 @@ def pairs_stage(state: State) -> None:
 
 def matrix_stage(state: State) -> None:
     opts = state.opts
-    names = [h.name for h in state.alive]
     tester = pair_tester(state, "matrix")
     began_at = time.monotonic()
     matrix = state.report.matrix
-    for round_pairs in pairs.all_pairs_rounds(names):
+    for round_pairs in pairs.all_pairs_rounds([h.name for h in state.alive]):
         matrix.update(tester(round_pairs))
-    failed = [f"{a}-{b}" for (a, b), v in matrix.items() if v is None]
-    values = [v for v in matrix.values() if v is not None]
-    med = statistics.median(values) if values else 0.0
     floor = state.report.thresholds.get("busbw_floor_gbps") or opts.min_busbw
-    relative = opts.pair_relative * med
-    state.report.thresholds.update(pair_median_gbps=med, pair_relative_gbps=relative,
-                                   pair_floor_gbps=floor)  # fmt: skip
-    slow = [f"{a}-{b} ({v:.2f} GB/s)" for (a, b), v in matrix.items()
-            if v is not None and v < relative]  # fmt: skip
-    below = [f"{a}-{b} ({v:.2f} GB/s)" for (a, b), v in matrix.items()
-             if v is not None and floor is not None and v < floor]  # fmt: skip
-    problems = [
-        *([f"pairs failed: {', '.join(failed)}"] if failed else []),
-        *([f"pairs below {opts.pair_relative:g} x median {med:.2f} GB/s: {', '.join(slow)}"]
-          if slow else []),
-        *([f"pairs below the floor {floor:.2f} GB/s: {', '.join(below)}"] if below else []),
-    ]  # fmt: skip
-    ms = [Measurement("pairs", len(matrix)),
-          Measurement("median_busbw", round(med, 3), "GB/s", floor,
-                      "min" if floor is not None else None)]  # fmt: skip
-    duration_s = time.monotonic() - began_at
-    if problems:
-        state.add(Result("pair-matrix", "cluster", Status.FAIL, "; ".join(problems), ms,
-                         duration_s=duration_s))  # fmt: skip
-        return
-    text = f"{len(matrix)} pairs, median {med:.2f} GB/s at {opts.pair_bytes / MIB:g} MiB"
-    if floor is None:
-        state.add(Result("pair-matrix", "cluster", Status.SKIP,
-                         f"{text}; every pair >= {opts.pair_relative:g} x median, but NOT JUDGED"
-                         " against an absolute floor (none derived; give --min-busbw)", ms,
-                         duration_s=duration_s))  # fmt: skip
-        return
-    state.add(Result("pair-matrix", "cluster", Status.PASS,
-                     f"{text}; every pair >= {floor:.2f} GB/s and >= {opts.pair_relative:g} x"
-                     " median", ms, duration_s=duration_s))  # fmt: skip
+    result, marks = judge.pair_matrix(
+        matrix, floor, opts.pair_relative, opts.pair_bytes, time.monotonic() - began_at
+    )
+    state.report.thresholds.update(marks)
+    state.add(result)
 
 
 def isolation_stage(state: State) -> None:
@@ -483,33 +407,12 @@ def isolation_stage(state: State) -> None:
         "rounds": [[{"a": a, "b": b, "busbw_gbps": v} for (a, b), v in r.items()]
                    for r in iso.rounds],
     }  # fmt: skip
-    parts = []
-    if iso.bad_nodes:
-        parts.append(f"bad node(s): {', '.join(iso.bad_nodes)}")
-    if iso.bad_links:
-        parts.append(f"bad link(s): {', '.join(f'{a}-{b}' for a, b in iso.bad_links)}")
-    if iso.unresolved:
-        parts.append(f"undecided: {', '.join(iso.unresolved)}")
-    state.add(Result(
-        "isolation", "cluster", Status.PASS if iso.ok else Status.FAIL,
-        "; ".join(parts) or "every pair passed: no bad node found",
-        [Measurement("rounds", len(iso.rounds)),
-         Measurement("pair_threshold", round(iso.threshold or 0.0, 3), "GB/s")],
-        duration_s=time.monotonic() - began_at,
-        details={"bad_nodes": iso.bad_nodes, "bad_links": [list(p) for p in iso.bad_links],
-                 "unresolved": iso.unresolved},
-    ))  # fmt: skip
-
-
-# The dask scheduler listens this far above the rendezvous port (the pair runs use the next 32).
-DASK_PORT_OFFSET = 64
+    state.add(judge.isolation(iso, time.monotonic() - began_at))
 
 
 def dask_stage(state: State) -> None:
     """A dask.distributed cluster across the nodes: scheduler and client on the first node, one
     worker per GPU (one per CPU-only node) on every node; CuPy blocks when every node has GPUs."""
-    from gpuenv.checks import dask as dask_check
-
     opts, hosts = state.opts, state.alive
     master = hosts[0]
     workers = {h.name: _nproc(h, state) for h in hosts}
@@ -527,58 +430,17 @@ def dask_stage(state: State) -> None:
         "dask across nodes",
         stop_others=lambda _h: launch.stop_dask(rid),
     )  # fmt: skip
-    duration_s = time.monotonic() - began_at
-    found: list[str] = []
-    client: dict[str, Any] = {}
-    left: dict[str, list[str]] = {}
+    answers: dict[str, Mapping[str, Any] | str] = {}
     for name, out in outcomes.items():
         got = [p for p in launch.payloads(out) if str(p.get("kind", "")).startswith("dask")]
-        if not out.ok or not got:
-            found.append(f"{name}: {out.why() if not out.ok else 'no result from its driver'}")
-            continue
-        if got[0]["kind"] == "dask":
-            client = got[0]
-        if got[0].get("left_running"):
-            left[name] = list(got[0]["left_running"])
-        failed = [c for c in got[0].get("exit_codes", []) if c != 0]
-        if failed:
-            found.append(f"{name}: dask process(es) exited with {sorted(set(failed))}")
-    found += [f"{n}: still running after shutdown: {', '.join(p)}" for n, p in left.items()]
-    if client:
-        # Emulated nodes (one machine) share its GPUs: as many distinct ones as one node has.
-        distinct = max(gpus.values()) if master.local else sum(gpus.values())
-        found += dask_check.problems(client, total, distinct)
-        spread = len(client.get("worker_hosts", []))
-        if spread < (1 if master.local else len(hosts)):  # emulated nodes share one address
-            found.append(f"workers on {spread} of {len(hosts)} nodes")
-    ms = [
-        Measurement("workers", len(client.get("workers", [])), "", float(total), "min"),
-        Measurement("compute_time", round(float(client.get("compute_s", 0.0)), 3), "s"),
-    ]
-    details = {
-        "blocks": blocks,
-        "workers": client.get("workers", []),
-        "left_running": left,
-        "worker_gpus": client.get("worker_gpus", {}),
-        "scheduler": f"{master.name}:{port}",
-    }
-    if found:
-        state.add(Result("dask", "cluster", Status.FAIL, "; ".join(found), ms,
-                         duration_s=duration_s, details=details))  # fmt: skip
-        return
-    where = "CuPy blocks" if blocks == "cupy" else "numpy blocks (CPU-only nodes)"
-    state.add(Result(
-        "dask", "cluster", Status.PASS,
-        f"{total} workers on {len(hosts)} nodes (scheduler on {master.name}), {where}:"
-        f" (x + x.T).mean(axis=0) of {client['n']}x{client['n']} equals numpy's; every worker"
-        " computed; nothing left running",
-        ms, versions={"dask": client["dask"], "distributed": client["distributed"]},
-        duration_s=duration_s, details=details,
-    ))  # fmt: skip
-
-
-def _gpus(host: Host, state: State) -> int:
-    return int(state.probes.get(host.name, {}).get("facts", {}).get("gpu.count", "0") or 0)
+        answers[name] = got[0] if out.ok and got else out.why() if not out.ok else (
+            "no result from its driver")  # fmt: skip
+    # Emulated nodes (one machine) share its GPUs: as many distinct ones as one node has.
+    distinct = max(gpus.values()) if master.local else sum(gpus.values())
+    state.add(judge.dask(judge.DaskRun(
+        answers, total, distinct, master.local, blocks, f"{master.name}:{port}",
+        time.monotonic() - began_at,
+    )))  # fmt: skip
 
 
 STAGES: tuple[Stage, ...] = (
@@ -607,7 +469,7 @@ def validate(hosts: Sequence[Host], opts: Options | None = None) -> ClusterRepor
             continue
         why = _why_not(stage, state)
         if why:
-            state.add(_skip(stage.name, why))
+            state.add(judge.skip(stage.name, why))
             continue
         stage.run(state)
     state.report.duration_s = time.monotonic() - began_at
@@ -619,7 +481,7 @@ def _why_not(stage: Stage, state: State) -> str | None:
     if stage.multi_node and len(state.alive) < 2:
         return f"{len(state.alive)} node(s) answered; multi-node runs need 2"
     for need in stage.needs:
-        got = [r for r in state.report.results if r.check == need and r.node == "cluster"]
+        got = [r for r in state.report.results if r.check == need and r.node == CLUSTER_NODE]
         if not got or got[-1].status is not Status.PASS:
             return f"the {need} stage did not pass"
     package = _PACKAGES.get(stage.name)

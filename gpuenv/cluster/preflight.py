@@ -13,10 +13,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuenv.cluster.fanout import GRACE_S, Outcome, fan_out
+from gpuenv.cluster.fanout import GRACE_S, NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
 from gpuenv.cluster.launch import as_user
-from gpuenv.results import Measurement, Result, Status
+from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
 
 IFACE_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # The listener starts this much before the nodes connect (they retry until their deadline).
@@ -59,12 +59,12 @@ def _probe(host: Host, *words: str) -> str:
 
 def port_reachability(
     hosts: Sequence[Host], master: Host, port: int, deadline_s: float
-) -> tuple[dict[str, str], Outcome]:
+) -> tuple[dict[str, str], NodeAnswer]:
     """Listen on the master's port; every node (the master too) connects to it.
 
     Returns the nodes that could not reach it, with why, and the listener's outcome.
     """
-    listener: dict[str, Outcome] = {}
+    listener: dict[str, NodeAnswer] = {}
 
     def listen() -> None:
         cmd = _probe(
@@ -101,7 +101,7 @@ def port_reachability(
             answer = {"reached": False, "error": str(exc)}
         if not answer.get("reached"):
             failed[name] = f"cannot reach {addr}:{port} ({answer.get('error', '')})"
-    return failed, listener.get(master.name, Outcome(master.name, None, error="listener lost"))
+    return failed, listener.get(master.name, NodeAnswer(master.name, None, error="listener lost"))
 
 
 def rendezvous_result(
@@ -136,7 +136,7 @@ def rendezvous_result(
         reason = "; ".join(f"{n}: {', '.join(p)}" for n, p in problems.items())
         return Result(
             "rendezvous",
-            "cluster",
+            CLUSTER_NODE,
             Status.FAIL,
             reason,
             measurements,
@@ -145,7 +145,7 @@ def rendezvous_result(
         )
     return Result(
         "rendezvous",
-        "cluster",
+        CLUSTER_NODE,
         Status.PASS,
         f"{len(hosts)} nodes reach {master.rendezvous_address}:{port}; socket interfaces exist",
         measurements,

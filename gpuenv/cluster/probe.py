@@ -14,7 +14,6 @@ import platform
 import re
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from importlib import metadata
@@ -39,14 +38,8 @@ def _run(argv: list[str]) -> str | None:
     if exe is None:
         return None
     try:
-        done = subprocess.run(
-            [exe, *argv[1:]],
-            capture_output=True,
-            text=True,
-            timeout=_TOOL_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        done = proc.capture([exe, *argv[1:]], _TOOL_TIMEOUT_S)
+    except OSError:
         return None
     return done.stdout if done.returncode == 0 else None
 

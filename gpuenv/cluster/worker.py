@@ -17,12 +17,16 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
+
+from gpuenv import proc
 
 MARK = "GPUENV_RESULT "
 MIB = 1 << 20
@@ -151,44 +155,50 @@ def run_mpi(nbytes: int, iters: int) -> None:
 
 
 def _dask_children(
-    scheduler: str, workers: int, gpus: int, name: str, timeout_s: float, own_scheduler: str | None
-) -> list[Any]:
-    """The scheduler (on the first node) and this node's workers, one per GPU (or one), as
-    child processes of this one: each worker sees only its GPU, as dask-cuda arranges it."""
-    import subprocess
-
+    scheduler: str,
+    workers: int,
+    gpus: int,
+    name: str,
+    timeout_s: float,
+    own_scheduler: str | None,
+    logs: Path,
+) -> list[proc.Launch]:
+    """The scheduler (on the first node) and this node's workers, one per GPU (or one), each in
+    its own process session (gpuenv.proc) with its log in ``logs``: each worker sees only its
+    GPU, as dask-cuda arranges it."""
     from gpuenv.checks.dask import visible_gpu_ids
 
     ids = visible_gpu_ids(gpus)  # within this node's own CUDA_VISIBLE_DEVICES, where it has one
     children = []
     if own_scheduler:
         host, port = own_scheduler.rsplit(":", 1)
-        children.append(subprocess.Popen([
+        children.append(proc.Launch([
             sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", host,
             "--port", port, "--no-dashboard", "--idle-timeout", f"{int(timeout_s)}s",
-        ]))  # fmt: skip
+        ], logs / "scheduler.log").start())  # fmt: skip
     for i in range(workers):
         env = dict(os.environ)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ids[i % len(ids)]
-        children.append(subprocess.Popen([
+        children.append(proc.Launch([
             sys.executable, "-m", "distributed.cli.dask_worker", f"tcp://{scheduler}",
             "--nthreads", "1", "--nworkers", "1", "--no-dashboard", "--name", f"{name}-{i}",
             "--death-timeout", f"{int(timeout_s)}s",
-        ], env=env))  # fmt: skip
+        ], logs / f"worker{i}.log", env).start())  # fmt: skip
     return children
 
 
-def _end(children: list[Any], grace_s: float) -> list[str]:
-    """Wait up to ``grace_s`` for the children to exit, then kill those left; who was left."""
+def _end(children: list[proc.Launch], grace_s: float) -> list[str]:
+    """Wait up to ``grace_s`` for the children to exit, then kill the sessions of those left
+    (gpuenv.proc); who was left. Their logs go to this process' stderr, as if inherited."""
     give_up_at = time.monotonic() + grace_s
-    while any(c.poll() is None for c in children) and time.monotonic() < give_up_at:
+    while any(c.running() for c in children) and time.monotonic() < give_up_at:
         time.sleep(0.2)
-    left = [str(c.pid) for c in children if c.poll() is None]
+    left = [str(c.pid) for c in children if c.running()]
     for c in children:
-        if c.poll() is None:
-            c.kill()
-            c.wait()
+        c.kill()
+        sys.stderr.write(c.output())
+    sys.stderr.flush()
     return left
 
 
@@ -216,11 +226,14 @@ def run_dask(
     host = socket.gethostname()
     # Worker names hold the run id (the controller's stop matches it) and the inventory's node
     # name: the scheduler refuses a name twice, and emulated nodes share one host name.
+    logs = Path(tempfile.mkdtemp(prefix=f"gpuenv-dask-{run_id}-"))
     children = _dask_children(scheduler, workers, gpus, f"{run_id}-{node}", timeout_s,
-                              scheduler if client else None)  # fmt: skip
+                              scheduler if client else None, logs)  # fmt: skip
 
     def stop(_signum: int, _frame: Any) -> None:  # the controller's stop, or its deadline
-        _end(children, 2.0)
+        # The children have sessions of their own: the signal that reached this process did
+        # not reach them, so end them at once.
+        _end(children, 0.0)
         os._exit(1)
 
     signal.signal(signal.SIGTERM, stop)
@@ -240,11 +253,14 @@ def run_dask(
         else:
             # Until the scheduler closes these workers (or their death timeout).
             for child in children:
-                child.wait(timeout=max(1.0, timeout_s - (time.monotonic() - began_at)))
+                ended = proc.wait(child, max(1.0, timeout_s - (time.monotonic() - began_at)))
+                if ended.timed_out:
+                    raise TimeoutError(f"dask process {child.pid} outlived {timeout_s:g} s")
     finally:
         # Whatever happened above, this node's scheduler and workers end here.
         payload["left_running"] = _end(children, 10.0)
-    payload["exit_codes"] = [c.returncode for c in children]
+        shutil.rmtree(logs, ignore_errors=True)
+    payload["exit_codes"] = [c.poll() for c in children]
     _emit(payload)
 
 

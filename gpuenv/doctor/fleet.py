@@ -14,7 +14,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpuenv.cluster.fanout import Outcome, fan_out
+from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
 from gpuenv.doctor import diagnosis
 from gpuenv.doctor.findings import ClassReading, from_result, to_result
@@ -28,7 +28,7 @@ DEADLINE_S = 60.0
 @dataclass
 class Fleet:
     results: list[Result] = field(default_factory=list)
-    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    outcomes: dict[str, NodeAnswer] = field(default_factory=dict)
 
 
 def peer_address(address: str) -> str:
@@ -50,7 +50,7 @@ def node_command(host: Host, only: Sequence[int] | None, become: bool) -> str:
     return shlex.join(["sudo", "-n", "-H", "bash", "-lc", command]) if become else command
 
 
-def parse(outcome: Outcome) -> RunReport:
+def parse(outcome: NodeAnswer) -> RunReport:
     """The node's report; ValueError saying why when there is none."""
     if outcome.rc not in (0, 1):
         raise ValueError(outcome.why())

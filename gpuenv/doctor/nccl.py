@@ -5,7 +5,7 @@ the ld cache (``ldconfig -p``), each ``LD_LIBRARY_PATH`` folder (searched before
 RUNPATH and the cache, so a copy there replaces the one a wheel ships), the
 ``nvidia/nccl/lib`` folder of the nvidia-nccl wheels and ``torch/lib`` in every
 site-packages. Which one torch and CuPy really load is read from ``/proc/self/maps`` of a
-Python process that imports them. Findings on a node:
+Python process that imports them (``python -m gpuenv.doctor.nccl_probe``). Findings on a node:
 
 * a libnccl in an ``LD_LIBRARY_PATH`` folder next to another NCCL (it shadows that one);
 * torch and CuPy loading different NCCL versions;
@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from gpuenv.doctor import nccl_probe
 from gpuenv.doctor.driver import ld_cache
 from gpuenv.doctor.envvars import PROCESS, global_settings
 from gpuenv.doctor.findings import ClassReading, Finding, skipped
@@ -39,40 +40,6 @@ _SITE_GLOBS = (
     "/opt/*/lib/python3*/site-packages",
     "/opt/*/*/lib/python3*/site-packages",
 )
-# Runs in the node's Python: which libnccl torch and CuPy map, and their versions.
-# Runs in the node's Python: which libnccl torch and CuPy map, and their versions. Each
-# framework is imported in a process of its own: in one process the second would reuse the
-# libnccl.so.2 the first loaded (the loader shares a soname), hiding a difference.
-PROBE = r"""
-import json, subprocess, sys
-CHILD = r'''
-import json, sys
-def maps():
-    with open("/proc/self/maps") as fh:
-        return sorted({l.split()[-1] for l in fh if "libnccl" in l and "/" in l})
-try:
-    if sys.argv[1] == "torch":
-        import torch
-        v = torch.cuda.nccl.version()
-        v = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    else:
-        from cupy.cuda import nccl
-        n = nccl.get_version()
-        v = "%d.%d.%d" % (n // 10000, n // 100 % 100, n % 100)
-    print(json.dumps({"version": v, "paths": maps()}))
-except Exception as e:
-    print(json.dumps({"error": type(e).__name__ + ": " + str(e)[:200]}))
-'''
-out = {}
-for mod in ("torch", "cupy"):
-    try:
-        r = subprocess.run([sys.executable, "-c", CHILD, mod], capture_output=True, text=True,
-                           timeout=25)
-        out[mod] = json.loads(r.stdout.strip().splitlines()[-1])
-    except Exception as e:
-        out[mod] = {"error": type(e).__name__ + ": " + str(e)[:200]}
-print(json.dumps(out))
-"""
 
 
 def _site_dirs(system: System) -> list[str]:
@@ -138,7 +105,8 @@ def find_plugins(system: System, libraries: list[dict[str, str]]) -> list[str]:
 
 
 def probe_frameworks(system: System) -> dict[str, Any]:
-    out = system.run("python-nccl", [sys.executable, "-c", PROBE])
+    # Which libnccl torch and CuPy load, each in a process of its own (gpuenv.doctor.nccl_probe).
+    out = system.run("python-nccl", [sys.executable, "-m", nccl_probe.MODULE])
     if not out.ok:
         return {"error": out.why("python probe")}
     try:

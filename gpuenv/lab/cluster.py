@@ -6,7 +6,6 @@ import contextlib
 import io
 import re
 import socket
-import subprocess
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuenv import proc
 from gpuenv.errors import BadInput, EnvironmentProblem
 from gpuenv.lab import cache, images, inventory, keys, lock
 from gpuenv.lab.inventory import LabInventory, NodeEntry
@@ -418,10 +418,5 @@ def close_control_masters(ips: list[str]) -> None:
             digest = hashlib.sha1(f"{ip}-{port}-{ADMIN_USER}".encode()).hexdigest()[:10]
             sock = cpdir / digest
             if sock.exists():
-                subprocess.run(
-                    ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", ip],
-                    capture_output=True,
-                    timeout=10,
-                    check=False,
-                )
+                proc.capture(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", ip], 10)
                 sock.unlink(missing_ok=True)

@@ -6,7 +6,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
 
 DEBOOTSTRAP_DEADLINE_S = 1200
 BUILD_DEADLINE_S = 900
+TAR_DEADLINE_S = 600
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,12 @@ def _base_tarball(
             deb.unlink()
         partial = tarball.with_suffix(".partial")
         progress.update(key, "packing the root file system")
-        subprocess.run(
+        _run_logged(
             ["tar", "-C", str(target), "--numeric-owner", "--xattrs", "-cf", str(partial), "."],
-            check=True,
-            timeout=600,
+            out_dir / f"{names.prefix}-tar-{base.distro}.log",
+            progress,
+            key,
+            TAR_DEADLINE_S,
         )
         partial.rename(tarball)
     for old in out_dir.glob(f"{names.prefix}-base-{base.distro}-*.tar"):

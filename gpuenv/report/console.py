@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpuenv.results import ClusterReport, Result, RunReport, Status, Verdict
+from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunReport, RunVerdict, Status
 
 STYLES = {
     Status.PASS: "bold green",
@@ -30,7 +30,7 @@ def skips_by_reason(results: Sequence[Result]) -> dict[str, list[str]]:
     return groups
 
 
-def verdict_line(verdict: Verdict, scope: str = "node") -> Text:
+def verdict_line(verdict: RunVerdict, scope: str = "node") -> Text:
     """The last line of every run: OK or not, the profile, and whether a GPU was verified."""
     words = Text("OK", "bold green") if verdict.ok else Text("NOT OK", "bold red")
     gpu = (
@@ -80,7 +80,7 @@ def print_check_list(registry: Mapping[str, Any]) -> None:
         table.add_column(column)
     for name, check in registry.items():
         # Optional checks run when named by --only or required by the profile (frameworks).
-        when = "on request" if getattr(check, "OPTIONAL", False) else "default"
+        when = "on request" if check.OPTIONAL else "default"
         table.add_row(name, check.PLACEMENT.value, when, check.DESCRIPTION)
     console.print(table)
 
@@ -89,13 +89,13 @@ def print_cluster_summary(report: ClusterReport, console: Console) -> None:
     """The cluster's stages, every failure by node, the SKIPs grouped by reason, the verdict."""
     results = report.results
     for r in results:
-        if r.node == "cluster" and r.status is not Status.SKIP:
+        if r.node == CLUSTER_NODE and r.status is not Status.SKIP:
             console.print(
-                f"{r.status.value:5} cluster {r.check}: {r.reason}",
+                f"{r.status.value:5} {CLUSTER_NODE} {r.check}: {r.reason}",
                 style=STYLES[r.status], markup=False, highlight=False, soft_wrap=True,
             )  # fmt: skip
     for r in results:
-        if r.node != "cluster" and r.status.failed:
+        if r.node != CLUSTER_NODE and r.status.failed:
             console.print(
                 f"{r.status.value:5} {r.node} {r.check}: {r.reason}",
                 style=STYLES[r.status], markup=False, highlight=False, soft_wrap=True,

@@ -17,7 +17,7 @@ import jinja2
 
 from gpuenv.report import plots
 from gpuenv.report.console import skips_by_reason
-from gpuenv.results import ClusterReport, Measurement
+from gpuenv.results import CLUSTER_NODE, ClusterReport, Measurement
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -133,7 +133,7 @@ def render(report: ClusterReport) -> str:
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["measured"] = _measured
     checks = list(dict.fromkeys(r.check for r in results))
-    nodes = [*report.hosts, "cluster"]
+    nodes = [*report.hosts, CLUSTER_NODE]
     if verdict is None:
         banner, problems = "NOT OK: no verdict", ["the run ended before its verdict"]
     else:

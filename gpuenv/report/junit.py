@@ -7,10 +7,10 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpuenv.results import Result, Status, Verdict
+from gpuenv.results import Result, RunVerdict, Status
 
 
-def verdict_case(node: str, verdict: Verdict) -> Result:
+def verdict_case(node: str, verdict: RunVerdict) -> Result:
     """The run's verdict as one more test case, so that CI fails on a required SKIP too."""
     gpu = "GPUs verified" if verdict.gpu_verified else "no GPU verified"
     if verdict.ok:
@@ -21,7 +21,7 @@ def verdict_case(node: str, verdict: Verdict) -> Result:
 def to_xml(
     results: Sequence[Result],
     suite_name: str = "gpuenv.check",
-    verdicts: Mapping[str, Verdict] | None = None,
+    verdicts: Mapping[str, RunVerdict] | None = None,
 ) -> ET.Element:
     root = ET.Element("testsuites", name=suite_name)
     nodes: dict[str, list[Result]] = {}
@@ -71,7 +71,7 @@ def write(
     results: Sequence[Result],
     path: str | Path,
     suite_name: str = "gpuenv.check",
-    verdicts: Mapping[str, Verdict] | None = None,
+    verdicts: Mapping[str, RunVerdict] | None = None,
 ) -> None:
     tree = ET.ElementTree(to_xml(results, suite_name, verdicts))
     ET.indent(tree)

@@ -81,7 +81,7 @@ def test_list_runs_nothing(no_run, capsys):
 def _fake_run(statuses, gpus=0, pci=()):
     """A run_checks stand-in: the node has ``gpus`` GPUs; each named check gets its status."""
 
-    def fake(ctx, names, progress=None, registry=None):
+    def fake(registry, ctx, names, progress=None):
         results = []
         for name in names:
             status = statuses.get(name, Status.PASS)
@@ -139,8 +139,8 @@ def test_skips_are_grouped_by_reason(monkeypatch, capsys):
     statuses = {"cupy": Status.SKIP, "streams": Status.SKIP}
     fake = _fake_run(statuses)
 
-    def same_reason(ctx, names, progress=None, registry=None):
-        run = fake(ctx, names, progress, registry)
+    def same_reason(registry, ctx, names, progress=None):
+        run = fake(registry, ctx, names, progress)
         for r in run.results:
             if r.status is Status.SKIP:
                 r.reason = "no NVIDIA GPU visible"
@@ -179,9 +179,15 @@ def test_a_registered_fake_check_is_listed_and_selectable(no_run, monkeypatch, c
     """Adding a check is one module and one REGISTRY line: the CLI knows it from there."""
     from types import SimpleNamespace
 
-    from gpuenv.checks.base import Placement
+    from gpuenv.checks.base import Placement, always_needed
 
-    fake = SimpleNamespace(NAME="fake", DESCRIPTION="a fake check", PLACEMENT=Placement.LAUNCHER)
+    fake = SimpleNamespace(
+        NAME="fake",
+        DESCRIPTION="a fake check",
+        PLACEMENT=Placement.LAUNCHER,
+        OPTIONAL=False,
+        needed=always_needed,
+    )
     monkeypatch.setattr(gpuenv.checks, "REGISTRY", {**gpuenv.checks.REGISTRY, "fake": fake})
     assert main(["check", "--list"]) == 0
     assert "a fake check" in capsys.readouterr().out
@@ -190,7 +196,9 @@ def test_a_registered_fake_check_is_listed_and_selectable(no_run, monkeypatch, c
 
 
 def test_node_side_imports_no_controller_or_gpu_library():
-    """`gpuenv check` runs on nodes that have none of the controller extras installed."""
+    """`gpuenv check` runs on nodes that have none of the controller extras installed, and every
+    command parses its arguments without importing the checks or the cluster runner (their
+    defaults come from small modules of constants)."""
     import subprocess
     import sys
 
@@ -198,6 +206,8 @@ def test_node_side_imports_no_controller_or_gpu_library():
         "import sys\n"
         "from gpuenv.cli import build_parser\n"
         "build_parser()\n"
+        "engines = ('gpuenv.checks', 'gpuenv.cluster.pipeline', 'gpuenv.cluster.fanout')\n"
+        "print(sorted(set(sys.modules) & set(engines)))\n"
         "import gpuenv.cli.check, gpuenv.checks.session, gpuenv.checks, gpuenv.report.console\n"
         "import gpuenv.report.jsonreport, gpuenv.report.junit\n"
         "heavy = ('docker', 'fabric', 'matplotlib', 'ansible', 'torch', 'cupy', 'mpi4py',"
@@ -205,7 +215,7 @@ def test_node_side_imports_no_controller_or_gpu_library():
         "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+    assert done.stdout.split() == ["[]", "[]"]
 
 
 @pytest.mark.parametrize(
@@ -242,9 +252,9 @@ def test_only_never_narrows_what_a_gpu_node_must_prove(
     asked = []
     fake = _fake_run(statuses, gpus, pci)
 
-    def recording(ctx, names, progress=None, registry=None):
+    def recording(registry, ctx, names, progress=None):
         asked.extend(names)
-        return fake(ctx, names, progress, registry)
+        return fake(registry, ctx, names, progress)
 
     monkeypatch.setattr(gpuenv.checks.session, "run_checks", recording)
     out = tmp_path / "r.json"
@@ -386,9 +396,9 @@ def test_check_judges_with_the_rows_a_thresholds_file_fills(monkeypatch, tmp_pat
     seen = {}
     fake = _fake_run({}, 2)
 
-    def recording(ctx, names, progress=None, registry=None):
+    def recording(registry, ctx, names, progress=None):
         seen["row"] = model_spec(ctx.specs, {"name": "NVIDIA H20"})
-        return fake(ctx, names, progress, registry)
+        return fake(registry, ctx, names, progress)
 
     monkeypatch.setattr(gpuenv.checks.session, "run_checks", recording)
     path = tmp_path / "t.yaml"

@@ -168,3 +168,9 @@ def test_each_node_has_its_own_deadline(tmp_path):
     hosts = [local("quick"), local("slow")]
     out = fan_out(hosts, lambda h: "sleep 2; echo done" if h.name == "slow" else "true", 4)
     assert out["slow"].ok and out["slow"].stdout.strip() == "done"
+
+
+def test_a_local_node_keeps_stdout_and_stderr_apart():
+    """The JSON a node prints is read from stdout; why it failed from stderr's last lines."""
+    out = fan_out([local("a")], lambda h: 'echo "{\\"x\\": 1}"; echo broke >&2; exit 4', 10)["a"]
+    assert out.rc == 4 and out.json() == {"x": 1} and out.why() == "exit status 4: broke"

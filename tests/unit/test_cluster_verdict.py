@@ -5,7 +5,7 @@ from test_cluster_pipeline import emulated, opts
 from gpuenv.checks.profiles import EXCUSED_ONE_NODE, assess_cluster
 from gpuenv.checks.thresholds import load_thresholds
 from gpuenv.cluster import pipeline
-from gpuenv.results import Result, RunReport, Status, Verdict
+from gpuenv.results import Result, RunReport, RunVerdict, Status
 
 STAGES = ("consistency", "rendezvous", "torch", "mpi", "pairs")
 
@@ -13,7 +13,7 @@ STAGES = ("consistency", "rendezvous", "torch", "mpi", "pairs")
 def _healthy_node(name):
     """A CPU node whose own run is OK by the cpu profile (its `gpuenv check` report)."""
     results = [Result(c, name, Status.PASS, "ok") for c in ("mpi", "ddp")]
-    verdict = Verdict(ok=True, profile="cpu", node_kind="cpu", required=["mpi", "ddp"])
+    verdict = RunVerdict(ok=True, profile="cpu", node_kind="cpu", required=["mpi", "ddp"])
     return RunReport(node=name, profile="cpu", verdict=verdict, results=results)
 
 
@@ -44,7 +44,7 @@ def test_a_healthy_one_node_cluster_is_ok_and_the_excused_skips_say_so():
 
 def test_a_one_node_cluster_whose_node_is_not_ok_is_not_ok():
     report = _judge(["node1"])
-    report.node_reports["node1"].verdict = Verdict(
+    report.node_reports["node1"].verdict = RunVerdict(
         ok=False, profile="cpu", node_kind="cpu", problems=["required check mpi did not run: x"]
     )
     verdict = assess_cluster(load_thresholds(), "cpu", report)

@@ -9,7 +9,7 @@ from pathlib import Path
 from test_doctor import node
 
 from gpuenv.cli import main
-from gpuenv.cluster.fanout import Outcome
+from gpuenv.cluster.fanout import NodeAnswer
 from gpuenv.cluster.inventory import Host
 from gpuenv.doctor import fleet
 from gpuenv.results import Status
@@ -36,9 +36,11 @@ def test_fleet_compares_nodes_and_names_the_one_without_a_report(tmp_path, monke
             commands[h.name] = command(h)
             if h.name in roots:
                 rc, text = _report(roots[h.name], h.name)
-                out[h.name] = Outcome(h.name, rc, text, "", 1.0)
+                out[h.name] = NodeAnswer(h.name, rc, text, "", 1.0)
             else:
-                out[h.name] = Outcome(h.name, None, error="unreachable at 10.0.0.3:22: timed out")
+                out[h.name] = NodeAnswer(
+                    h.name, None, error="unreachable at 10.0.0.3:22: timed out"
+                )
         return out
 
     monkeypatch.setattr(fleet, "fan_out", fake_fan_out)

@@ -2,7 +2,15 @@ import base64
 import re
 
 from gpuenv.report import html, plots
-from gpuenv.results import ClusterReport, Measurement, Result, Status, Verdict
+from gpuenv.results import (
+    CLUSTER_NODE,
+    ClusterReport,
+    Measurement,
+    Result,
+    RunReport,
+    RunVerdict,
+    Status,
+)
 
 MIB = 1 << 20
 
@@ -22,7 +30,7 @@ def sample_run():
         ),
         Result(
             "consistency",
-            "cluster",
+            CLUSTER_NODE,
             Status.FAIL,
             "nodes disagree: pkg.torch: 2.13.0 on n1, n2; 2.12.0 on n3",
             details={
@@ -32,17 +40,26 @@ def sample_run():
                 "odd_nodes": ["n3"],
             },
         ),
-        Result("isolation", "cluster", Status.FAIL, "bad node(s): n3 <script>"),
+        Result("isolation", CLUSTER_NODE, Status.FAIL, "bad node(s): n3 <script>"),
         Result("cupy", "n2", Status.SKIP, "no NVIDIA GPU visible"),
         Result("cupy", "n3", Status.SKIP, "no NVIDIA GPU visible"),
     ]
-    run.verdict = Verdict(
+    run.verdict = RunVerdict(
         False,
         "quick",
         "gpu",
         ["consistency"],
         ["cluster consistency FAIL: nodes disagree", "cluster isolation FAIL: n3"],
     )
+    run.node_reports = {
+        n: RunReport(
+            n,
+            "quick",
+            RunVerdict(n != "n3", "quick", "gpu", [], [] if n != "n3" else ["cupy SKIP"]),
+            [r for r in run.results if r.node == n],
+        )
+        for n in run.hosts
+    }
     run.thresholds = {"busbw_floor_gbps": 2.5, "pair_floor_gbps": 2.5}
     run.facts = {n: {"pkg.torch": "2.13.0"} for n in ("n1", "n2")} | {"n3": {"pkg.torch": "2.12.0"}}
     run.sweeps = {"n1": sweep, "n2": sweep, "n3": sweep[:2]}
@@ -83,7 +100,7 @@ def test_the_banner_says_what_the_console_says():
             Result("cupy", "a", Status.SKIP, "no GPU"),
         ],
     )
-    run.verdict = Verdict(True, "cpu", "cpu", ["mpi"])
+    run.verdict = RunVerdict(True, "cpu", "cpu", ["mpi"])
     text = html.render(run)
     assert "OK: profile cpu, cpu cluster, no GPU verified" in text and "data:image/png" not in text
     run.verdict = None
@@ -94,6 +111,12 @@ def test_a_report_survives_its_json():
     run = sample_run()
     again = ClusterReport.from_dict(run.to_dict())
     assert again.verdict == run.verdict and again.matrix == run.matrix
+    # Each node's verdict comes back with its node's results (node_verdicts in the JSON).
+    assert {n: r.verdict for n, r in again.node_reports.items()} == {
+        n: r.verdict for n, r in run.node_reports.items()
+    }
+    assert [r.check for r in again.node_reports["n1"].results] == ["reach", "nccl"]
+    assert again.to_dict() == run.to_dict()
     assert html.render(again).count("data:image/png") == 3
 
 

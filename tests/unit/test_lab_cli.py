@@ -6,13 +6,13 @@ import docker
 import pytest
 
 from gpuenv.cli import main
-from gpuenv.lab import engine
+from gpuenv.lab import docker_client
 
 
 @pytest.fixture
 def connect(monkeypatch):
     fake = mock.Mock(side_effect=AssertionError("docker must not be touched on bad input"))
-    monkeypatch.setattr(engine, "connect", fake)
+    monkeypatch.setattr(docker_client, "connect", fake)
     return fake
 
 
@@ -43,7 +43,7 @@ def test_docker_not_running_says_what_to_run(monkeypatch, capsys):
         raise docker.errors.DockerException("Error while fetching server API version")
 
     monkeypatch.setattr(docker, "from_env", refuse)
-    monkeypatch.setattr(engine.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(docker_client.shutil, "which", lambda name: f"/usr/bin/{name}")
     assert main(["lab", "up", "--nodes", "2"]) == 1
     err = capsys.readouterr().err
     assert "Docker engine is not running" in err
@@ -55,7 +55,7 @@ def test_docker_not_installed_says_how_to_install(monkeypatch, capsys):
         raise docker.errors.DockerException("no socket")
 
     monkeypatch.setattr(docker, "from_env", refuse)
-    monkeypatch.setattr(engine.shutil, "which", lambda name: None)
+    monkeypatch.setattr(docker_client.shutil, "which", lambda name: None)
     assert main(["lab", "status"]) == 1
     assert "apt-get install docker.io" in capsys.readouterr().err
 

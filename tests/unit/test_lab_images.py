@@ -67,7 +67,7 @@ def test_cached_tarball_skips_debootstrap(monkeypatch, tmp_path):
     tarball = tmp_path / ".cache/lab" / f"gpuenv-base-bookworm-{base.digest()}.tar"
     tarball.parent.mkdir(parents=True)
     tarball.write_bytes(b"")
-    monkeypatch.setattr(images.subprocess, "Popen", mock.Mock(side_effect=AssertionError))
+    monkeypatch.setattr(images.proc.subprocess, "Popen", mock.Mock(side_effect=AssertionError))
     assert images._base_tarball(base, Names(), tmp_path, Silent(), "k") == tarball
 
 

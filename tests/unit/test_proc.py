@@ -92,3 +92,33 @@ def test_capture_keeps_the_streams_apart_and_kills_at_the_deadline():
         [sys.executable, "-c", "import time; print('x', flush=True); time.sleep(600)"], 1
     )
     assert hung.returncode is None and time.monotonic() - t0 < 5
+
+
+def test_every_process_of_the_engines_goes_through_proc():
+    """gpuenv.proc is the one process engine: no other module of the checks, the cluster runner,
+    the lab, the reports or the CLI starts or signals a process by itself (where a child's
+    deadline and its process group would be forgotten). The bundle's and the cloud's commands
+    have their own test; ranklog's fault points signal their own process on purpose."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "gpuenv"
+    allowed = {("checks", "ranklog.py"): {"os.kill"}}
+    found = []
+    for area in ("checks", "cluster", "lab", "report", "cli"):
+        for path in sorted((root / area).glob("*.py")):
+            if area == "cli" and path.name in ("bundle.py", "cloud_init.py"):
+                continue
+            tree = ast.parse(path.read_text())
+            used = set()
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    names = [a.name for a in node.names] + [getattr(node, "module", "") or ""]
+                    used |= {n for n in names if n.split(".")[0] == "subprocess"}
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                    name = f"{node.value.id}.{node.attr}"
+                    if name in ("os.kill", "os.killpg", "os.system", "os.popen", "os.fork"):
+                        used.add(name)
+            used -= allowed.get((area, path.name), set())
+            found += [f"{area}/{path.name}: {n}" for n in sorted(used)]
+    assert found == []

@@ -5,7 +5,7 @@ import pytest
 from rich.console import Console
 
 from gpuenv.report import console, jsonreport, junit, live
-from gpuenv.results import SCHEMA_VERSION, Measurement, Result, RunReport, Status, Verdict
+from gpuenv.results import SCHEMA_VERSION, Measurement, Result, RunReport, RunVerdict, Status
 
 
 def _results():
@@ -40,7 +40,7 @@ def _report():
     return RunReport(
         node="n1",
         profile="quick",
-        verdict=Verdict(False, "quick", "gpu", ["system"], ["nccl FAIL: busbw 100 GB/s < 270"]),
+        verdict=RunVerdict(False, "quick", "gpu", ["system"], ["nccl FAIL: busbw 100 GB/s < 270"]),
         results=_results(),
         started_at="2026-11-30T16:00:00Z",
         duration_s=5.0,

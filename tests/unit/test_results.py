@@ -1,6 +1,6 @@
 import pytest
 
-from gpuenv.results import Measurement, Result, RunReport, Status, Verdict, any_failed
+from gpuenv.results import Measurement, Result, RunReport, RunVerdict, Status, any_failed
 
 
 def test_skip_without_reason_is_rejected():
@@ -46,15 +46,15 @@ def test_any_failed_counts_fail_and_error_not_skip():
 
 def test_a_verdict_refuses_to_contradict_itself():
     with pytest.raises(ValueError, match="must say why"):
-        Verdict(ok=False, profile="quick", node_kind="gpu")
+        RunVerdict(ok=False, profile="quick", node_kind="gpu")
     with pytest.raises(ValueError, match="cannot list problems"):
-        Verdict(ok=True, profile="quick", node_kind="gpu", problems=["x"])
+        RunVerdict(ok=True, profile="quick", node_kind="gpu", problems=["x"])
     with pytest.raises(ValueError, match="node_kind"):
-        Verdict(ok=True, profile="quick", node_kind="tpu")
+        RunVerdict(ok=True, profile="quick", node_kind="tpu")
 
 
 def test_run_report_round_trip_and_refusals():
-    verdict = Verdict(ok=False, profile="cpu", node_kind="cpu", problems=["mpi FAIL: x"])
+    verdict = RunVerdict(ok=False, profile="cpu", node_kind="cpu", problems=["mpi FAIL: x"])
     report = RunReport("n1", "cpu", verdict, [Result("mpi", "n1", Status.FAIL, "x")])
     data = report.to_dict()
     assert data["ok"] is False and data["exit_code"] == 1

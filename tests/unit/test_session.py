@@ -37,7 +37,7 @@ def _ctx(deadlines=None, **params):
 
 def _run(names, deadlines=None, **params):
     progress = Recorder()
-    run = run_checks(_ctx(deadlines, **params), names, progress, REGISTRY)
+    run = run_checks(REGISTRY, _ctx(deadlines, **params), names, progress)
     return {r.check: r for r in run.results}, run, progress
 
 
@@ -133,9 +133,54 @@ def test_a_launch_started_on_a_guess_is_killed_when_the_probe_says_it_cannot_run
 
 def test_the_probe_is_required_exactly_once():
     with pytest.raises(ValueError, match="exactly one PROBE"):
-        run_checks(_ctx(), ["gpusum"], None, {"gpusum": gpusum})
+        run_checks({"gpusum": gpusum}, _ctx(), ["gpusum"])
 
 
 def test_unknown_names_are_refused():
     with pytest.raises(ValueError, match="unknown check"):
-        run_checks(_ctx(), ["nope"], None, REGISTRY)
+        run_checks(REGISTRY, _ctx(), ["nope"])
+
+
+_CONTRACT = ("NAME", "DESCRIPTION", "PLACEMENT", "OPTIONAL", "needed", "unavailable", "world",
+             "judge")  # fmt: skip
+_BY_PLACEMENT = {
+    "probe": ("rank_main", "node_info", "early_node"),
+    "gpu": ("rank_main",),
+    "launcher": ("command", "environment", "main"),
+}
+
+
+@pytest.mark.parametrize("registry", ["gpuenv", "fakes"])
+def test_every_check_has_the_whole_contract(registry):
+    """What the engine and the profiles read of a check is in the Protocol, for every check:
+    one ``rank_main(rank)`` signature, ``OPTIONAL`` and ``needed`` declared, never looked up."""
+    import inspect
+
+    from gpuenv.checks import REGISTRY as CHECKS
+    from gpuenv.checks.base import NodeInfo, Placement
+
+    checks = CHECKS if registry == "gpuenv" else REGISTRY
+    for name, check in checks.items():
+        assert name == check.NAME
+        assert isinstance(check.PLACEMENT, Placement)
+        missing = [a for a in (*_CONTRACT, *_BY_PLACEMENT[check.PLACEMENT.value])
+                   if not hasattr(check, a)]  # fmt: skip
+        assert not missing, f"{name} lacks {missing}"
+        assert isinstance(check.OPTIONAL, bool), name
+        assert isinstance(check.needed(NodeInfo(gpus=[{}, {}])), bool), name
+        if check.PLACEMENT is not Placement.LAUNCHER:
+            assert list(inspect.signature(check.rank_main).parameters) == ["rank"], name
+        else:
+            assert not hasattr(check, "rank_main"), f"{name}: a launched rank runs main(argv)"
+
+
+def test_the_engine_is_handed_its_registry():
+    """gpuenv.checks.session never reaches for REGISTRY: its caller hands it the checks."""
+    import ast
+
+    import gpuenv.checks.session as session
+
+    tree = ast.parse(Path(session.__file__).read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "REGISTRY" not in names | imported

@@ -1,11 +1,13 @@
 """A GPU-placement check: every rank posts rank+1; the judge wants them all, right."""
 
-from gpuenv.checks.base import Placement, verdict
+from gpuenv.checks.base import Placement, always_needed, verdict
 from gpuenv.results import Measurement
 
 NAME = "gpusum"
 DESCRIPTION = "fake GPU check: each rank posts rank+1"
 PLACEMENT = Placement.GPU
+OPTIONAL = False
+needed = always_needed
 
 
 def unavailable(ctx, node):
@@ -16,11 +18,11 @@ def world(ctx, node):
     return len(node.gpus)
 
 
-def rank_main(rc):
-    rc.mark("work")
-    rc.mark("post")
-    value = rc.rank + 1 + int(rc.params.get("offset", 0))
-    return {"value": value, "device": rc.device}
+def rank_main(rank):
+    rank.mark("work")
+    rank.mark("post")
+    value = rank.rank + 1 + int(rank.params.get("offset", 0))
+    return {"value": value, "device": rank.device}
 
 
 def judge(ctx, node, payloads, world):

@@ -8,12 +8,14 @@ import sys
 import time
 
 from gpuenv.checks import ranklog
-from gpuenv.checks.base import Placement, verdict
+from gpuenv.checks.base import Placement, always_needed, verdict
 from gpuenv.results import Measurement
 
 NAME = "launched"
 DESCRIPTION = "fake launched check: N ranks behind a gate"
 PLACEMENT = Placement.LAUNCHER
+OPTIONAL = False
+needed = always_needed
 
 
 def unavailable(ctx, node):
@@ -41,28 +43,33 @@ def judge(ctx, node, payloads, world):
     return verdict(ctx, NAME, problems, [], f"{world} ranks posted {values}", ms)
 
 
-def rank(r, world):
+def run_rank(r, world):
     log = ranklog.RankLog(ranklog.RankConfig.load().events, r)
     log.mark(NAME, "start")
     ranklog.wait_gate()
-    rc = ranklog.launched_rank(NAME, r, world)
+    rank = ranklog.launched_rank(NAME, r, world)
     with ranklog.Heartbeat(log, NAME):
-        rc.mark("meet")
+        rank.mark("meet")
         # A barrier through files, like a collective: every rank inside 'meet' waits for all
         # peers' tokens (a peer frozen inside 'meet' keeps them waiting, all in one stage).
-        (rc.events / f"token{r}").touch()
-        while not all((rc.events / f"token{p}").exists() for p in range(world)):
+        (rank.events / f"token{r}").touch()
+        while not all((rank.events / f"token{p}").exists() for p in range(world)):
             time.sleep(0.05)
-        rc.mark("post")
+        rank.mark("post")
         log.result(NAME, {"value": r + 1})
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "launch":
-        n = int(sys.argv[2])
+def main(argv):
+    if argv[0] == "launch":
+        n = int(argv[1])
         children = [
             subprocess.Popen([sys.executable, "-m", "fakechecks.launched", "rank", str(r), str(n)])
             for r in range(n)
         ]
-        sys.exit(max(c.wait() for c in children))
-    rank(int(sys.argv[2]), int(sys.argv[3]))
+        return max(c.wait() for c in children)
+    run_rank(int(argv[1]), int(argv[2]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

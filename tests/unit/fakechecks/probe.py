@@ -3,12 +3,14 @@ guesses FAKE_EARLY_GPUS of them before it runs (no guess when that is unset)."""
 
 import os
 
-from gpuenv.checks.base import NodeInfo, Placement
+from gpuenv.checks.base import NodeInfo, Placement, always_needed
 from gpuenv.results import Result, Status
 
 NAME = "probe"
 DESCRIPTION = "fake probe: FAKE_GPUS GPUs"
 PLACEMENT = Placement.PROBE
+OPTIONAL = False
+needed = always_needed
 
 
 def unavailable(ctx, node):
@@ -19,7 +21,7 @@ def world(ctx, node):
     return 1
 
 
-def rank_main(rc):
+def rank_main(rank):
     return {"gpus": int(os.environ.get("FAKE_GPUS", "2"))}
 
 

@@ -1,4 +1,4 @@
-"""Connecting to the Docker engine, with errors that say what to run."""
+"""The lab's Docker client: connecting to the Docker engine, with errors that say what to run."""
 
 from __future__ import annotations
 

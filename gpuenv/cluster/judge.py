@@ -1,0 +1,265 @@
+"""The cluster stages' judges: what a stage measured goes in, its Results come out.
+
+gpuenv.cluster.pipeline runs the stages (fan-outs, launches) and gathers what the nodes
+answered; the rules that turn those answers into PASS, FAIL or SKIP live here, as functions of
+plain data, so that they read (and are tested) without a node. Every Result here belongs to the
+whole cluster (node ``CLUSTER_NODE``). A measurement without a pass mark is never a PASS: it is
+a SKIP that names what is missing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuenv.checks import dask as dask_check
+from gpuenv.checks import nccl_log
+from gpuenv.cluster import pairs
+from gpuenv.cluster.defaults import MIB
+from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
+
+
+def skip(check: str, reason: str) -> Result:
+    return Result(check, CLUSTER_NODE, Status.SKIP, reason)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / MIB:g} MiB"
+
+
+def torchrun_failed(bad: Mapping[str, str], world: int, details: dict[str, Any],
+                    duration_s: float) -> list[Result]:  # fmt: skip
+    """The all-node torchrun did not complete on every node: allreduce names the nodes, and
+    busbw and ddp did not run to the end."""
+    why = "; ".join(f"{n}: {w}" for n, w in bad.items())
+    return [
+        Result("allreduce", CLUSTER_NODE, Status.FAIL,
+               f"torchrun across nodes failed: {why}", [_ranks(world)], duration_s=duration_s,
+               details=details),
+        *(Result(check, CLUSTER_NODE, Status.FAIL,
+                 "not run to the end: torchrun across nodes failed") for check in ("busbw", "ddp")),
+    ]  # fmt: skip
+
+
+def _ranks(world: int) -> Measurement:
+    return Measurement("ranks", world, "", 2.0, "min")
+
+
+def allreduce(world: int, nodes: int, backend: str, sizes: Sequence[int],
+              details: dict[str, Any], duration_s: float) -> Result:  # fmt: skip
+    """Every node's ranks reported correct all-reduce values at every size."""
+    return Result("allreduce", CLUSTER_NODE, Status.PASS,
+                  f"{world} ranks on {nodes} nodes ({backend}): values verified at"
+                  f" {len(sizes)} sizes", [_ranks(world)], duration_s=duration_s,
+                  details=details)  # fmt: skip
+
+
+def ddp(problems: Mapping[str, str], world: int, step_s: float, max_loss_ratio: float,
+        backend: str, duration_s: float) -> Result:  # fmt: skip
+    """The DDP step across nodes, by the node check's own rule (gpuenv.checks.ddp.problems)."""
+    return Result(
+        "ddp", CLUSTER_NODE, Status.FAIL if problems else Status.PASS,
+        "; ".join(f"{n}: {w}" for n, w in problems.items())
+        or f"{world} ranks: parameters identical, loss fell to <= {max_loss_ratio} x",
+        [Measurement("step_time", round(step_s, 4), "s"), _ranks(world)],
+        duration_s=duration_s, details={"backend": backend},
+    )  # fmt: skip
+
+
+@dataclass
+class Bandwidth:
+    """What the all-node bandwidth is judged with."""
+
+    sweeps: Mapping[str, Sequence[Mapping[str, Any]]]  # node -> busbw against size
+    backend: str
+    transports: nccl_log.Transports
+    link_gbps: float | None  # the slowest node's link for the transport NCCL used
+    active_ib: Mapping[str, list[str]]  # node -> its active InfiniBand/RoCE ports
+    min_busbw: float | None  # --min-busbw
+    size: int  # bytes of the largest all-reduce
+
+
+def busbw(bw: Bandwidth) -> tuple[Result, float | None]:
+    """The all-node bandwidth against a floor, and that floor: --min-busbw, else derived from the
+    transport NCCL used and the nodes' links. No floor: SKIP naming what is missing."""
+    largest = [s[-1]["busbw_gbps"] for s in bw.sweeps.values() if s]
+    value = min(largest) if largest else 0.0
+    nccl = bw.backend == "nccl"
+    details: dict[str, Any] = {"transport": bw.transports.to_dict(), "backend": bw.backend}
+    problems = nccl_log.inter_node_problems(bw.transports, bw.active_ib) if nccl else []
+    link = bw.link_gbps if nccl else None
+    floor, source = bw.min_busbw, "--min-busbw"
+    if floor is None and nccl:
+        floor = nccl_log.floor_gbps(bw.transports, link)
+        source = f"{bw.transports.summary()} on {link} GB/s links" if floor else ""
+    details.update(floor_gbps=floor, floor_from=source, link_gbps=link)
+    size = _mib(bw.size)
+    m = Measurement("busbw", round(value, 3), "GB/s", floor, "min" if floor is not None else None)
+    if floor is not None and value < floor:
+        problems.append(f"busbw {value:.2f} GB/s at {size} < {floor:.2f} GB/s ({source})")
+    if problems:
+        return Result("busbw", CLUSTER_NODE, Status.FAIL, "; ".join(problems), [m],
+                      details=details), floor  # fmt: skip
+    if floor is None:
+        missing = (
+            f"{bw.backend} has no NCCL transport to derive a floor from"
+            if not nccl
+            else "the nodes' link speeds are unknown (no /sys/class/net or infiniband rate)"
+        )
+        return Result("busbw", CLUSTER_NODE, Status.SKIP,
+                      f"busbw {value:.2f} GB/s at {size} NOT JUDGED: {missing};"
+                      " give --min-busbw", [m], details=details), floor  # fmt: skip
+    return Result("busbw", CLUSTER_NODE, Status.PASS,
+                  f"busbw {value:.2f} GB/s at {size} >= {floor:.2f} GB/s ({source})",
+                  [m], details=details), floor  # fmt: skip
+
+
+def mpi_failed(master: str, why: str, command: str, duration_s: float) -> Result:
+    return Result("mpi", CLUSTER_NODE, Status.FAIL, f"mpirun from {master}: {why}",
+                  duration_s=duration_s, details={"command": command})  # fmt: skip
+
+
+def mpi(payload: Mapping[str, Any], nodes: int, want_hosts: int, command: str,
+        duration_s: float) -> Result:  # fmt: skip
+    """mpirun's rank 0 report: a correct all-reduce over one rank per node, spread over
+    ``want_hosts`` hosts (1 for emulated nodes, which share one)."""
+    p = payload
+    spread = len(set(p.get("rank_hosts", [])))
+    ok = bool(p.get("correct")) and spread >= want_hosts and p.get("world_size") == nodes
+    ok = ok and nodes >= 2
+    reason = (
+        f"{p.get('world_size')} ranks on {spread} host(s), all-reduce "
+        f"{'correct' if p.get('correct') else 'WRONG'}, {p.get('busbw_gbps', 0):.2f} GB/s"
+        f" (plain python3 from {p.get('python', '?')})"
+    )
+    if spread < want_hosts:
+        reason += f"; expected ranks on {want_hosts} hosts"
+    return Result(
+        "mpi", CLUSTER_NODE, Status.PASS if ok else Status.FAIL, reason,
+        [Measurement("ranks", int(p.get("world_size", 0)), "", 2.0, "min"),
+         Measurement("busbw", round(float(p.get("busbw_gbps", 0.0)), 3), "GB/s")],
+        versions={"mpi": str(p.get("mpi", ""))}, duration_s=duration_s,
+        details={"rank_hosts": p.get("rank_hosts", []), "command": command},
+    )  # fmt: skip
+
+
+def pair_matrix(matrix: Mapping[pairs.Pair, float | None], floor: float | None,
+                relative: float, pair_bytes: int,
+                duration_s: float) -> tuple[Result, dict[str, float | None]]:  # fmt: skip
+    """Every pair against ``relative`` x the median and against the floor (the all-node run's,
+    or --min-busbw); the pass marks it used, for the report's plots."""
+    failed = [f"{a}-{b}" for (a, b), v in matrix.items() if v is None]
+    values = [v for v in matrix.values() if v is not None]
+    med = statistics.median(values) if values else 0.0
+    mark = relative * med
+    marks = {"pair_median_gbps": med, "pair_relative_gbps": mark, "pair_floor_gbps": floor}
+    slow = [f"{a}-{b} ({v:.2f} GB/s)" for (a, b), v in matrix.items()
+            if v is not None and v < mark]  # fmt: skip
+    below = [f"{a}-{b} ({v:.2f} GB/s)" for (a, b), v in matrix.items()
+             if v is not None and floor is not None and v < floor]  # fmt: skip
+    problems = [
+        *([f"pairs failed: {', '.join(failed)}"] if failed else []),
+        *([f"pairs below {relative:g} x median {med:.2f} GB/s: {', '.join(slow)}"]
+          if slow else []),
+        *([f"pairs below the floor {floor:.2f} GB/s: {', '.join(below)}"] if below else []),
+    ]  # fmt: skip
+    ms = [Measurement("pairs", len(matrix)),
+          Measurement("median_busbw", round(med, 3), "GB/s", floor,
+                      "min" if floor is not None else None)]  # fmt: skip
+    if problems:
+        return Result("pair-matrix", CLUSTER_NODE, Status.FAIL, "; ".join(problems), ms,
+                      duration_s=duration_s), marks  # fmt: skip
+    text = f"{len(matrix)} pairs, median {med:.2f} GB/s at {_mib(pair_bytes)}"
+    if floor is None:
+        return Result("pair-matrix", CLUSTER_NODE, Status.SKIP,
+                      f"{text}; every pair >= {relative:g} x median, but NOT JUDGED"
+                      " against an absolute floor (none derived; give --min-busbw)", ms,
+                      duration_s=duration_s), marks  # fmt: skip
+    return Result("pair-matrix", CLUSTER_NODE, Status.PASS,
+                  f"{text}; every pair >= {floor:.2f} GB/s and >= {relative:g} x"
+                  " median", ms, duration_s=duration_s), marks  # fmt: skip
+
+
+def isolation(iso: pairs.Isolation, duration_s: float) -> Result:
+    """Bad-node isolation: PASS when every pair passed, else the nodes and links it found."""
+    parts = []
+    if iso.bad_nodes:
+        parts.append(f"bad node(s): {', '.join(iso.bad_nodes)}")
+    if iso.bad_links:
+        parts.append(f"bad link(s): {', '.join(f'{a}-{b}' for a, b in iso.bad_links)}")
+    if iso.unresolved:
+        parts.append(f"undecided: {', '.join(iso.unresolved)}")
+    return Result(
+        "isolation", CLUSTER_NODE, Status.PASS if iso.ok else Status.FAIL,
+        "; ".join(parts) or "every pair passed: no bad node found",
+        [Measurement("rounds", len(iso.rounds)),
+         Measurement("pair_threshold", round(iso.threshold or 0.0, 3), "GB/s")],
+        duration_s=duration_s,
+        details={"bad_nodes": iso.bad_nodes, "bad_links": [list(p) for p in iso.bad_links],
+                 "unresolved": iso.unresolved},
+    )  # fmt: skip
+
+
+@dataclass
+class DaskRun:
+    """What the dask stage's nodes answered."""
+
+    answers: Mapping[str, Mapping[str, Any] | str]  # node -> its driver's report, or why none
+    total: int  # workers on every node together
+    distinct_gpus: int  # GPUs the workers may use, counted once
+    emulated: bool  # the nodes share one machine (and one address)
+    blocks: str  # "cupy" or "numpy"
+    scheduler: str  # NODE:PORT of the scheduler (on the first node)
+    duration_s: float
+
+
+def dask(run: DaskRun) -> Result:
+    """A dask cluster across the nodes: every worker joined and computed, the client's result
+    equals numpy's, every process exited cleanly and nothing was left running."""
+    found: list[str] = []
+    client: Mapping[str, Any] = {}
+    left: dict[str, list[str]] = {}
+    for name, answer in run.answers.items():
+        if isinstance(answer, str):
+            found.append(f"{name}: {answer}")
+            continue
+        if answer["kind"] == "dask":
+            client = answer
+        if answer.get("left_running"):
+            left[name] = list(answer["left_running"])
+        failed = [c for c in answer.get("exit_codes", []) if c != 0]
+        if failed:
+            found.append(f"{name}: dask process(es) exited with {sorted(set(failed))}")
+    found += [f"{n}: still running after shutdown: {', '.join(p)}" for n, p in left.items()]
+    nodes = len(run.answers)
+    if client:
+        found += dask_check.problems(client, run.total, run.distinct_gpus)
+        spread = len(client.get("worker_hosts", []))
+        if spread < (1 if run.emulated else nodes):  # emulated nodes share one address
+            found.append(f"workers on {spread} of {nodes} nodes")
+    ms = [
+        Measurement("workers", len(client.get("workers", [])), "", float(run.total), "min"),
+        Measurement("compute_time", round(float(client.get("compute_s", 0.0)), 3), "s"),
+    ]
+    details = {
+        "blocks": run.blocks,
+        "workers": client.get("workers", []),
+        "left_running": left,
+        "worker_gpus": client.get("worker_gpus", {}),
+        "scheduler": run.scheduler,
+    }
+    if found:
+        return Result("dask", CLUSTER_NODE, Status.FAIL, "; ".join(found), ms,
+                      duration_s=run.duration_s, details=details)  # fmt: skip
+    where = "CuPy blocks" if run.blocks == "cupy" else "numpy blocks (CPU-only nodes)"
+    master = run.scheduler.rsplit(":", 1)[0]
+    return Result(
+        "dask", CLUSTER_NODE, Status.PASS,
+        f"{run.total} workers on {nodes} nodes (scheduler on {master}), {where}:"
+        f" (x + x.T).mean(axis=0) of {client['n']}x{client['n']} equals numpy's; every worker"
+        " computed; nothing left running",
+        ms, versions={"dask": client["dask"], "distributed": client["distributed"]},
+        duration_s=run.duration_s, details=details,
+    )  # fmt: skip
