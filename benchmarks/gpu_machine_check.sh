@@ -54,6 +54,14 @@ timed full "$GPUENV_LIB" --profile full --json "$OUT/full.json"
 say "bad input: one GPU named twice (exit 2, nothing run)"
 CUDA_VISIBLE_DEVICES=0,0 timed dupes "$GPUENV_LIB" --profile quick
 
+say "bad input: one GPU named by index and by UUID (exit 2, nothing run)"
+uuid0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
+CUDA_VISIBLE_DEVICES=0,$uuid0 timed dupes-uuid "$GPUENV_LIB" --profile quick
+
+say "--only narrows what runs, never what a GPU node must prove (mpi alone: not OK; cupy: OK)"
+timed only-mpi "$GPUENV_LIB" --only mpi
+timed only-cupy "$GPUENV_LIB" --only cupy
+
 say "a frozen MPI rank with CuPy buffers (rank 1 stopped inside bcast)"
 GPUENV_FAULT=freeze:rank=1:check=mpi:stage=bcast \
   timed frozen "$GPUENV_LIB" --only mpi --deadline 20 --json "$OUT/frozen.json"
@@ -64,9 +72,9 @@ import json, tempfile, time
 from gpuenv.checks import nccl
 from gpuenv.checks.ranklog import RankContext, RankLog
 d = tempfile.mkdtemp()
-rc = RankContext("nccl", 0, 1, {"sizes_mib": [64], "iters": 5, "warmup": 2}, RankLog(d, 0),
+rank = RankContext("nccl", 0, 1, {"sizes_mib": [64], "iters": 5, "warmup": 2}, RankLog(d, 0),
                  time.monotonic() + 60)
-out = nccl.rank_main(rc)
+out = nccl.rank_main(rank)
 print(json.dumps({"transport": out["transport"], "versions": out["versions"]}))
 PY
 say "the cluster worker's torch stage on one node, one GPU (NCCL; transport from its log)"

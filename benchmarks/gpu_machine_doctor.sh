@@ -70,9 +70,8 @@ run stray-etc-env 1 doctor.stray-env -- "$PY" -m gpuenv doctor --root "$WORK/roo
 run stray-process-env 1 doctor.stray-env -- env NCCL_P2P_DISABLE=1 "$PY" -m gpuenv doctor
 
 # 4: a copy of the libnccl torch loads, first on LD_LIBRARY_PATH
-lib=$("$PY" -c 'import json; from gpuenv.doctor.nccl import PROBE; import subprocess, sys
-out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True).stdout
-paths = json.loads(out.strip().splitlines()[-1]).get("torch", {}).get("paths", [])
+lib=$("$PY" -m gpuenv.doctor.nccl_probe torch | "$PY" -c 'import json, sys
+paths = json.loads(sys.stdin.read().strip().splitlines()[-1]).get("paths", [])
 print(paths[0] if paths else "")')
 if [ -n "$lib" ]; then
   mkdir -p "$WORK/nccl2"
