@@ -87,6 +87,7 @@ def test_gpus_on_the_pci_bus_without_a_driver_fail_the_run(tmp_path):
     dev = tmp_path / "root/sys/bus/pci/devices/0000:17:00.0"
     dev.mkdir(parents=True)
     (dev / "vendor").write_text("0x10de\n")
+    (dev / "device").write_text("0x2330\n")
     (dev / "class").write_text("0x030200\n")
     out = tmp_path / "r.json"
     done = _gpuenv(["--json", str(out)], {"GPUENV_ROOT": str(tmp_path / "root")})
