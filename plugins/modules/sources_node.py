@@ -90,7 +90,7 @@ EXAMPLES = r"""
 - name: Remove what is no longer wanted, point the base apt sources at the mirror
   gpuenv.cluster.sources_node:
     absent:
-      - /etc/apt/apt.conf.d/90gpuenv-proxy
+      - /etc/apt/apt.conf.d/80gpuenv-site-cache
       - /usr/local/share/ca-certificates/gpuenv-site/site-*.crt
     keep: [/usr/local/share/ca-certificates/gpuenv-site/site-000.crt]
     apt_rules:
@@ -137,50 +137,15 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuenv.cluster.plugins.module_utils.node import KILL_AFTER_S
+from ansible_collections.gpuenv.cluster.plugins.module_utils.sources import (
+    SourcesError,
+    compile_rules,
+    repoint,
+)
 
 # apt-get update gets this long per attempt (a mirror that accepts the connection and then sends
 # nothing would otherwise hold the run); coreutils' timeout stops it, exit status 124.
 APT_UPDATE_TIMEOUT_S = 300
-
-# An archive root ends where its URL ends: a '/', a blank or the end of the line follows.
-_END = r"(?=[/\s]|$)"
-
-
-class SourcesError(Exception):
-    """A request that cannot be carried out; the message names the path."""
-
-
-def compile_rules(rules: list[dict]) -> list[tuple[re.Pattern[str], str]]:
-    out = []
-    for rule in rules:
-        try:
-            pattern = re.compile(f"(?:{rule['match']}){_END}", re.MULTILINE)
-        except re.error as exc:
-            raise SourcesError(
-                f"apt_rules: {rule['match']!r} is not a regular expression: {exc}"
-            ) from None
-        out.append((pattern, rule["url"].rstrip("/")))
-    return out
-
-
-def repoint(text: str, rules: list[tuple[re.Pattern[str], str]]) -> str:
-    """text with every URL a rule matches pointed at that rule's root (the first rule wins)."""
-    if not rules:
-        return text
-    combined = re.compile("|".join(f"({p.pattern})" for p, _ in rules), re.MULTILINE)
-    # Each rule's group number in the combined pattern (a rule may hold groups of its own).
-    starts, number = [], 1
-    for pattern, _ in rules:
-        starts.append(number)
-        number += 1 + pattern.groups
-
-    def swap(found: re.Match[str]) -> str:
-        for start, (_, url) in zip(starts, rules, strict=True):
-            if found.group(start) is not None:
-                return url
-        return found.group(0)
-
-    return combined.sub(swap, text)
 
 
 def matching(patterns: list[str], exclude: list[str] = ()) -> list[str]:
