@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -24,6 +23,7 @@ from urllib.parse import urlsplit
 import jinja2
 import yaml
 
+from gpuenv import proc
 from gpuenv.checks.profiles import profile_names
 from gpuenv.checks.thresholds import load_thresholds
 from gpuenv.cluster import inventory
@@ -42,6 +42,8 @@ DEFAULT_NODE_VENV = "/opt/gpuenv"  # roles/gpu_env's gpu_env_venv
 # The node checks itself by the profile the cluster's validate stage uses (playbooks/validate.yml).
 PROFILE_VAR = "validate_profile"
 DEFAULT_PROFILE = "quick"
+# Reading the checkout's origin and HEAD with git (instant here); past this git's session is killed.
+GIT_DEADLINE_S = 30
 # AWS EC2 refuses user data over 16 KiB (before base64); Aliyun ECS allows 32 KiB.
 USER_DATA_LIMIT = 16384
 
@@ -114,14 +116,8 @@ def checkout_defaults(root: Path) -> tuple[str | None, str | None]:
 
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(
-                ["git", "-C", str(root), *args],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired):
+            done = proc.capture(["git", "-C", str(root), *args], GIT_DEADLINE_S)
+        except OSError:
             return None
         return done.stdout.strip() or None if done.returncode == 0 else None
 

@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -237,3 +238,34 @@ def test_find_links_must_be_a_folder(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_ubuntu_needs_an_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bundle", "--pins", "ubuntu-22.04", "-o", str(tmp_path / "b")]) == 2
     assert "give --image" in capsys.readouterr().err
+
+
+class _Exec:
+    """A docker container's exec_run: records the argv, answers with an exit status."""
+
+    def __init__(self, exit_code: int) -> None:
+        self.exit_code = exit_code
+        self.argv: list[str] = []
+
+    def exec_run(self, argv: list[str], **_: object) -> SimpleNamespace:
+        self.argv = argv
+        return SimpleNamespace(exit_code=self.exit_code, output=(b"", b"E: stalled"))
+
+
+def test_a_build_step_runs_under_a_deadline_and_a_stalled_one_is_named() -> None:
+    from gpuenv.bundle import container
+
+    ok = _Exec(0)
+    container.DockerExecutor(ok).run(["apt-get", "update"])  # type: ignore[arg-type]
+    assert ok.argv == [
+        "timeout",
+        f"--kill-after={container.STEP_KILL_AFTER_S}",
+        str(container.STEP_DEADLINE_S),
+        "apt-get",
+        "update",
+    ]
+    for code in (124, 137):
+        with pytest.raises(GpuenvError, match=r"did not finish within 3600 s .*process group"):
+            container.DockerExecutor(_Exec(code)).run(["apt-get", "update"])  # type: ignore[arg-type]
+    with pytest.raises(GpuenvError, match=r"failed in the build container \(exit 100\)"):
+        container.DockerExecutor(_Exec(100)).run(["apt-get", "update"])  # type: ignore[arg-type]
