@@ -55,6 +55,10 @@ PIP_CONF = "/etc/xdg/pip/pip.conf"
 # Files older releases wrote that the owner removes, so that a converged node has one of each:
 # the sources role's earlier apt proxy file and the site_cache role's apt file.
 STALE_APT_CONFS = ("/etc/apt/apt.conf.d/90gpuenv-proxy", "/etc/apt/apt.conf.d/80gpuenv-site-cache")
+# The keys older releases' site_cache role set in /etc/pip.conf, which pip reads after PIP_CONF
+# (they would beat it): the sources role removes them.
+STALE_PIP_CONF = "/etc/pip.conf"
+STALE_PIP_KEYS = ("find-links", "trusted-host", "no-index")
 # The offline bundle as apt's only source (gpuenv_apt_bundle_url).
 BUNDLE_LIST = "/etc/apt/gpuenv-bundle.list"
 BUNDLE_PARTS = "/etc/apt/gpuenv-bundle.list.d"
@@ -425,6 +429,28 @@ def bundle_list(bundle_url: str) -> str:
 def bundle_wheels(bundle_url: str) -> str:
     """The bundle's wheel folder."""
     return bundle_url.rstrip("/") + "/wheels/"
+
+
+def without_keys(text: str, section: str, keys: list[str]) -> str:
+    """``text`` (an INI file such as pip.conf) without the lines that set ``keys`` in
+    ``section``, continuation lines included; everything else stays as written."""
+    out: list[str] = []
+    current = ""
+    dropping = False
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        header = re.match(r"^\[([^\]]+)\]", stripped)
+        if header:
+            current, dropping = header.group(1).strip(), False
+        elif dropping and line[:1] in (" ", "\t") and stripped:
+            continue  # a continuation of the value being dropped
+        else:
+            name = re.split(r"\s*[=:]", stripped, maxsplit=1)[0].strip().lower()
+            dropping = current == section and bool(stripped) and name in keys
+            if dropping:
+                continue
+        out.append(line)
+    return "".join(out)
 
 
 def pem_certificates(text: Any) -> list[str]:

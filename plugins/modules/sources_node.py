@@ -34,6 +34,15 @@ options:
     type: list
     elements: str
     default: []
+  ini_absent:
+    description:
+      - Keys to remove from the C([global]) section of an INI file (pip's C(/etc/pip.conf)), the
+        rest of the file kept as written; a missing file is left missing.
+    type: dict
+    suboptions:
+      path: {description: The file., type: path, required: true}
+      section: {description: The section., type: str, default: global}
+      keys: {description: The keys., type: list, elements: str, required: true}
   ca_dir:
     description:
       - The folder of the site's CA certificates; when a file in it is removed,
@@ -107,6 +116,10 @@ removed:
   type: list
   elements: str
   returned: always
+ini_cleaned:
+  description: Whether keys of I(ini_absent) were removed (or would be, in check mode).
+  type: bool
+  returned: always
 repointed:
   description: Base apt sources files changed (pointed at the mirror or put back).
   type: list
@@ -141,6 +154,7 @@ from ansible_collections.gpuenv.cluster.plugins.module_utils.sources import (
     SourcesError,
     compile_rules,
     repoint,
+    without_keys,
 )
 
 # apt-get update gets this long per attempt (a mirror that accepts the connection and then sends
@@ -277,6 +291,14 @@ def main() -> None:
                 "absent": {"type": "list", "elements": "str", "default": []},
                 "keep": {"type": "list", "elements": "str", "default": []},
                 "ca_dir": {"type": "path"},
+                "ini_absent": {
+                    "type": "dict",
+                    "options": {
+                        "path": {"type": "path", "required": True},
+                        "section": {"type": "str", "default": "global"},
+                        "keys": {"type": "list", "elements": "str", "required": True},
+                    },
+                },
                 "apt_rules": {
                     "type": "list",
                     "elements": "dict",
@@ -317,8 +339,19 @@ def run(module: AnsibleModule) -> None:
         paths = set(matching(params["apt_sources"], params["apt_exclude"])) | set(record)
         current = {p: read_text(p) for p in sorted(paths)}
         writes, new_record, warnings = plan(current, record, rules)
+        ini = params["ini_absent"]
+        ini_text = read_text(ini["path"]) if ini else None
+        ini_wanted = without_keys(ini_text, ini["section"], ini["keys"]) if ini_text else None
     except (SourcesError, OSError) as exc:
         module.fail_json(msg=str(exc))
+    ini_changed = ini_wanted is not None and ini_wanted != ini_text
+    if ini_changed:
+        node._diff(ini["path"], ini_text or "", ini_wanted or "")
+        if not module.check_mode:
+            try:
+                write_text(module, ini["path"], ini_wanted or "")
+            except OSError as exc:
+                module.fail_json(msg=str(exc))
     for warning in warnings:
         module.warn(warning)
     for path, text in writes.items():
@@ -360,8 +393,9 @@ def run(module: AnsibleModule) -> None:
         except OSError as exc:
             module.fail_json(msg=str(exc), removed=removed)
     result = {
-        "changed": bool(removed or writes or record_changed),
+        "changed": bool(removed or writes or record_changed or ini_changed),
         "removed": removed,
+        "ini_cleaned": ini_changed,
         "repointed": sorted(writes),
         "recorded": sorted(new_record),
         "updated": updated,

@@ -252,3 +252,5 @@ def test_the_roles_file_names_are_the_floors() -> None:
     assert role["__sources_bundle_list"] == sources.BUNDLE_LIST
     assert role["__sources_bundle_parts"] == sources.BUNDLE_PARTS
     assert role["__sources_bundle_keyring"] == sources.BUNDLE_KEYRING
+    assert role["__sources_stale_pip_conf"] == sources.STALE_PIP_CONF
+    assert tuple(role["__sources_stale_pip_keys"]) == sources.STALE_PIP_KEYS

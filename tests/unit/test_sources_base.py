@@ -159,6 +159,7 @@ class FakeModule:
             "apt_sources": [],
             "apt_exclude": ["gpuenv-*", "nvidia-cuda.*"],
             "ca_dir": None,
+            "ini_absent": None,
             "update_cache": True,
             "update_retries": 1,
             "update_delay": 0,
@@ -330,3 +331,36 @@ def test_a_record_it_did_not_write_is_named(tmp_path: Path):
     record.write_text("[1, 2]")
     with pytest.raises(Failed, match="is not a record this module wrote"):
         sn.run(FakeModule({"record": str(record)}))
+
+
+def test_the_keys_an_older_site_cache_set_in_pip_conf_are_removed_the_rest_kept() -> None:
+    text = (
+        "# the lab's\n[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n"
+        "find-links = http://cache:8080/wheels/\n    http://other/wheels/\ntrusted-host=cache\n"
+        "no-index = true\n\n[install]\nno-index = kept\n"
+    )
+    assert floor.without_keys(text, "global", list(floor.STALE_PIP_KEYS)) == (
+        "# the lab's\n[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n\n"
+        "[install]\nno-index = kept\n"
+    )
+    clean = "[global]\ncert = x\n"
+    assert floor.without_keys(clean, "global", ["find-links"]) == clean
+
+
+def test_the_module_cleans_pip_conf_once_and_leaves_a_missing_file_missing(tmp_path: Path) -> None:
+    pip_conf = tmp_path / "pip.conf"
+    pip_conf.write_text("[global]\ncert = x\nfind-links = http://cache:8080/wheels/\n")
+    ini = {"path": str(pip_conf), "section": "global", "keys": list(floor.STALE_PIP_KEYS)}
+    params = {"record": str(tmp_path / "record.json"), "ini_absent": ini}
+    first = _run(FakeModule(params))
+    assert first["changed"] and first["ini_cleaned"]
+    assert pip_conf.read_text() == "[global]\ncert = x\n"
+    assert not _run(FakeModule(params))["changed"]
+    missing = {**params, "ini_absent": {**ini, "path": str(tmp_path / "none.conf")}}
+    assert not _run(FakeModule(missing))["changed"]
+    assert not (tmp_path / "none.conf").exists()
+
+
+def _run(module: FakeModule) -> dict[str, Any]:
+    sn.run(module)
+    return module.result
