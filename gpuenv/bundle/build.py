@@ -16,7 +16,6 @@ Layout of the output folder (serve it as is over HTTP; docs/sources.md, "Offline
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from gpuenv import proc
 from gpuenv.bundle import repo
 from gpuenv.bundle.plan import ROOT, Plan
 from gpuenv.errors import BadInput, GpuenvError
@@ -37,6 +37,8 @@ FIND_LINKS_MOUNT = "/find-links"
 # what building the wheels needs (mpi4py compiles against the distribution's Open MPI).
 BUILD_TOOLS = ("apt-utils", "gnupg", "python3-venv", "python3-dev", "gcc", "libopenmpi-dev")
 MANIFEST_VERSION = 1
+# Building gpuenv's own wheel on the controller (seconds here); past this its session is killed.
+WHEEL_DEADLINE_S = 600
 
 
 class Executor(Protocol):
@@ -213,7 +215,7 @@ def _verify_apt(executor: Executor, plan: Plan) -> None:
 def _gpuenv_wheel(root: Path, dest: Path) -> str:
     """gpuenv's own wheel from the checkout, built on the controller as the gpu_env role does."""
     before = set(dest.glob("gpuenv-*.whl"))
-    proc = subprocess.run(
+    done = proc.capture(
         [
             sys.executable,
             "-m",
@@ -226,12 +228,15 @@ def _gpuenv_wheel(root: Path, dest: Path) -> str:
             str(dest),
             str(root),
         ],
-        capture_output=True,
-        text=True,
-        check=False,
+        WHEEL_DEADLINE_S,
     )
-    if proc.returncode != 0:
-        raise GpuenvError(f"building gpuenv's wheel from {root} failed:\n{proc.stderr[-2000:]}")
+    if done.returncode is None:
+        raise GpuenvError(
+            f"building gpuenv's wheel from {root} did not finish within {WHEEL_DEADLINE_S} s "
+            "(killed with its process group)"
+        )
+    if done.returncode != 0:
+        raise GpuenvError(f"building gpuenv's wheel from {root} failed:\n{done.stderr[-2000:]}")
     built = sorted(set(dest.glob("gpuenv-*.whl")) - before) or sorted(dest.glob("gpuenv-*.whl"))
     if not built:
         raise GpuenvError(f"pip wheel {root} left no gpuenv wheel in {dest}")

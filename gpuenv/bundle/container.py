@@ -14,6 +14,19 @@ if TYPE_CHECKING:
     from docker.models.containers import Container
 
 _ENV = {"DEBIAN_FRONTEND": "noninteractive", "LANG": "C.UTF-8"}
+# Each step in the build container gets this long (the longest, pip building the GPU wheels and
+# downloading the packages, took minutes here: 3.2 GB of debs in 21 s). coreutils' timeout runs
+# the step in a process group of its own and signals that whole group at the deadline, then
+# SIGKILL after STEP_KILL_AFTER_S: nothing of a stalled step lives on in the container.
+STEP_DEADLINE_S = 3600
+STEP_KILL_AFTER_S = 10
+# timeout's exit status when it stopped the step (124: TERM sufficed; 137: it needed KILL).
+_TIMED_OUT = (124, 137)
+
+
+def deadline_argv(argv: Sequence[str], deadline_s: int = STEP_DEADLINE_S) -> list[str]:
+    """argv under coreutils' timeout: killed with its process group at the deadline."""
+    return ["timeout", f"--kill-after={STEP_KILL_AFTER_S}", str(deadline_s), *argv]
 
 
 class DockerExecutor:
@@ -23,14 +36,22 @@ class DockerExecutor:
         self._container = container
 
     def run(self, argv: Sequence[str], *, cwd: str = "/") -> str:
-        result = self._container.exec_run(list(argv), workdir=cwd, environment=_ENV, demux=True)
+        result = self._container.exec_run(
+            deadline_argv(argv), workdir=cwd, environment=_ENV, demux=True
+        )
         stdout, stderr = result.output
         out = (stdout or b"").decode(errors="replace")
+        shown = f"`{' '.join(argv[:6])}{' …' if len(argv) > 6 else ''}`"
+        if result.exit_code in _TIMED_OUT:
+            raise GpuenvError(
+                f"{shown} did not finish within {STEP_DEADLINE_S} s in the build container; "
+                "it was killed with its process group"
+            )
         if result.exit_code != 0:
             err = (stderr or b"").decode(errors="replace")
             raise GpuenvError(
-                f"`{' '.join(argv[:6])}{' …' if len(argv) > 6 else ''}` failed in the build "
-                f"container (exit {result.exit_code}):\n{(err or out)[-3000:]}"
+                f"{shown} failed in the build container (exit {result.exit_code}):\n"
+                f"{(err or out)[-3000:]}"
             )
         return out
 

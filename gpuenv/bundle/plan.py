@@ -1,22 +1,31 @@
-"""What an offline bundle holds, worked out from a pins file and the roles' own package tables.
+"""What an offline bundle holds: a pins file's choices, and the roles' own package lists.
 
-Pure: no docker, no network. The roles are the one source of package names: a pins file picks
-the install methods and versions, and each role's ``vars/<OS>-<major>.yml`` (or ``vars/<OS>.yml``)
-names the packages of that method. Entries that depend on the node itself (``linux-headers-`` of
-the running kernel) cannot be known here; the plan lists them so the user can add them by name.
+The roles are the one source of package names, and Ansible the one reader of the roles: the
+collection's playbook ``playbooks/bundle_packages.yml`` runs each stage role's checks and per-OS
+data on localhost against facts pinned to the pins file's distribution, and prints one fact, the
+package lists per stage; ``ask_ansible`` reads it from ansible-playbook's JSON output, under a
+deadline. Entries that depend on the node itself (``linux-headers-`` of the running kernel)
+cannot be known here; the plan lists them so the user can add them by name. The engine takes the
+asking function as an argument, so the unit tests hand it a recorded answer.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import yaml
 
-from gpuenv.errors import BadInput
+from gpuenv import proc
+from gpuenv.errors import BadInput, GpuenvError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,39 +115,111 @@ def load_pins(name: str, root: Path = ROOT) -> tuple[str, dict[str, Any]]:
     return stem, data
 
 
-def _role_vars(root: Path, role: str, os_name: str, major: str) -> dict[str, Any]:
-    """The role's defaults overlaid with its OS vars file, as the role's first_found picks it."""
-    base = root / "roles" / role
-    merged: dict[str, Any] = {}
-    for part in ("defaults/main.yml", "vars/main.yml"):
-        merged.update(yaml.safe_load((base / part).read_text()) or {})
-    # Ubuntu falls back on its family's file, as the roles' first_found does.
-    for candidate in (f"vars/{os_name}-{major}.yml", f"vars/{os_name}.yml", "vars/Debian.yml"):
-        if (base / candidate).exists():
-            merged.update(yaml.safe_load((base / candidate).read_text()) or {})
-            break
-    return merged
+# The stages whose packages a bundle carries, in site.yml's order (the first to name a package is
+# its origin in the manifest).
+STAGES = ("nvidia_driver", "cuda_toolkit", "nccl", "mpi", "ssh_mesh", "gpu_env")
+# The collection's playbook that asks the roles themselves (their defaults, per-OS files, checks).
+PLAYBOOK = "playbooks/bundle_packages.yml"
+# ansible-playbook on localhost takes about 9 s here; past this its session is killed.
+ASK_DEADLINE_S = 180
+# A fact only the node knows stands in the package names as this placeholder (never guessed).
+NODE_FACT = "<ansible_facts['kernel']>"
 
 
-class _Renderer:
-    """Renders the roles' small Jinja expressions against the pins; node facts stay unknown."""
+@dataclass(frozen=True)
+class StagePackages:
+    """What one stage role installs on the target, as the role says it."""
 
-    def __init__(self, context: dict[str, Any]) -> None:
-        self._env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-        self._context = context
-
-    def name(self, value: str) -> str | None:
-        """The rendered package name, or None when it needs something only a node knows."""
-        if "{{" not in value:
-            return value
-        try:
-            return self._env.from_string(value).render(self._context)
-        except jinja2.UndefinedError:
-            return None
+    debs: tuple[str, ...]
+    wheels: tuple[str, ...]
+    method: str = ""  # the install method, for the stages that have one
 
 
-def _method(pins: dict[str, Any], defaults: dict[str, Any], var: str) -> str:
-    return str(pins.get(var, defaults.get(var)))
+# Asks Ansible for the packages of each stage: (pins file, pinned facts, driver modes, GPU wheels).
+Ask = Callable[[Path, dict[str, str], tuple[str, ...], bool], dict[str, StagePackages]]
+
+
+def target_facts(stem: str) -> dict[str, str]:
+    """The facts the roles read, pinned to a pins file's distribution (amd64)."""
+    os_name, major, codename, _ = DISTROS[stem]
+    version = stem.split("-", 1)[1]
+    return {
+        "distribution": os_name,
+        "distribution_major_version": major,
+        "distribution_version": version,
+        "distribution_release": codename,
+        "os_family": "Debian",
+        "architecture": "x86_64",
+        "kernel": NODE_FACT,
+    }
+
+
+def ask_ansible(
+    pins: Path,
+    facts: dict[str, str],
+    driver_modes: tuple[str, ...],
+    gpu_wheels: bool,
+    *,
+    root: Path = ROOT,
+) -> dict[str, StagePackages]:
+    """Run the collection's bundle_packages playbook on localhost against the pinned facts and
+    read its one fact from ansible-playbook's JSON output; a role's check that fails is BadInput
+    with the role's message."""
+    extra = {
+        "ansible_facts": facts,
+        "bundle_driver_modes": list(driver_modes),
+        "bundle_gpu_wheels": gpu_wheels,
+        "ansible_python_interpreter": sys.executable,
+    }
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    playbook = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent))
+    argv = [playbook or "ansible-playbook", "-i", "localhost,", str(root / PLAYBOOK)]
+    argv += ["-e", f"@{pins}", "-e", json.dumps(extra)]
+    with tempfile.TemporaryDirectory(prefix="gpuenv-bundle-plan-") as work:
+        log = Path(work) / "ansible.json"
+        done = proc.run(argv, ASK_DEADLINE_S, log, env=env)
+        text = log.read_text(errors="replace")
+    if done.timed_out:
+        raise GpuenvError(f"ansible-playbook {PLAYBOOK} did not finish within {ASK_DEADLINE_S} s")
+    return parse_answer(text, done.returncode)
+
+
+def parse_answer(text: str, returncode: int | None) -> dict[str, StagePackages]:
+    """The stages' packages from the playbook's JSON output (ansible.posix.json)."""
+    start = text.find("{")
+    try:
+        doc = json.loads(text[start:]) if start >= 0 else {}
+    except json.JSONDecodeError:
+        doc = {}
+    results = [
+        (task["task"]["name"], result)
+        for play in doc.get("plays", [])
+        for task in play.get("tasks", [])
+        for result in task.get("hosts", {}).values()
+    ]
+    for name, result in results:
+        if result.get("failed"):
+            raise BadInput(f"{name}: {result.get('msg', 'failed')}")
+    answer = [r["gpuenv_bundle_packages"] for _, r in results if "gpuenv_bundle_packages" in r]
+    if returncode != 0 or not answer:
+        raise GpuenvError(
+            f"ansible-playbook {PLAYBOOK} gave no package lists (exit {returncode}):\n"
+            f"{text[-2000:]}"
+        )
+    return {
+        stage: StagePackages(
+            debs=tuple(str(d) for d in entry["debs"]),
+            wheels=tuple(str(w) for w in entry["wheels"]),
+            method=str(entry.get("method", "")),
+        )
+        for stage, entry in answer[-1].items()
+    }
 
 
 def plan_bundle(
@@ -151,92 +232,65 @@ def plan_bundle(
     torch: str = "",
     gpu_wheels: bool = True,
     with_gpuenv: bool = True,
+    ask: Ask | None = None,
 ) -> Plan:
-    """Work out the packages of every stage of site.yml for one pins file.
+    """Work out the packages of every stage of site.yml for one pins file, as the roles say.
 
-    Bad input raises BadInput naming what is wrong: an unknown pins name, a method whose packages
-    come from a repository other than the distribution's (NVIDIA's: a bundle carries the
-    distribution's archive only), an invalid package or requirement name.
+    Bad input raises BadInput naming what is wrong: an unknown pins name, a role's own check
+    (a method its OS does not offer), a method whose packages come from a repository other than
+    the distribution's (NVIDIA's: a bundle carries the distribution's archive only), an invalid
+    package or requirement name.
     """
     if driver_mode not in DRIVER_MODES:
         raise BadInput(
             f"unknown driver mode {driver_mode!r}: choose one of {', '.join(DRIVER_MODES)}"
         )
-    stem, pins = load_pins(pins_name, root)
+    for name in extra_debs:
+        if not _DEB_NAME_RE.match(name):
+            raise BadInput(f"--deb {name!r} is not a Debian package name")
+    for req in extra_wheels + ((torch,) if torch else ()):
+        if not _REQ_RE.match(req):
+            raise BadInput(f"{req!r} is not a pip requirement (name[extras][==version])")
+    stem, pins, pins_path = _pins(pins_name, root)
     os_name, major, codename, python_tag = DISTROS[stem]
-    render = _Renderer(dict(pins))
-    debs: dict[str, str] = {}
-    node_specific: list[str] = []
-    wheels: list[str] = []
-
-    def add(names: list[str], role: str) -> None:
-        for raw in names:
-            name = render.name(str(raw))
-            if name is None:
-                shown = re.sub(r"\{\{\s*(.*?)\s*\}\}", r"<\1>", str(raw))
-                node_specific.append(f"{shown} ({role})")
-            else:
-                debs.setdefault(name, role)
-
-    drv = _role_vars(root, "nvidia_driver", os_name, major)
-    cuda = _role_vars(root, "cuda_toolkit", os_name, major)
-    nccl = _role_vars(root, "nccl", os_name, major)
-    for role, table, var in (
-        ("nvidia_driver", drv["__nvidia_driver_os"], "nvidia_driver_install_method"),
-        ("cuda_toolkit", cuda["__cuda_toolkit_os"], "cuda_toolkit_install_method"),
-        ("nccl", nccl["__nccl_os"], "nccl_install_method"),
+    modes = ("userspace", "full") if driver_mode == "both" else (driver_mode,)
+    stages = (ask or ask_ansible)(pins_path, target_facts(stem), modes, gpu_wheels)
+    missing = [s for s in STAGES if s not in stages]
+    if missing:
+        raise GpuenvError(f"the roles gave no package list for {', '.join(missing)}")
+    for stage, var in (
+        ("nvidia_driver", "nvidia_driver_install_method"),
+        ("cuda_toolkit", "cuda_toolkit_install_method"),
+        ("nccl", "nccl_install_method"),
     ):
-        defaults = {"nvidia_driver": drv, "cuda_toolkit": cuda, "nccl": nccl}[role]
-        method = _method(pins, defaults, var)
+        method = stages[stage].method
         if method == "nvidia_repo":
             raise BadInput(
                 f"{stem}: {var}=nvidia_repo takes packages from NVIDIA's CUDA repository, which a "
                 "bundle does not carry: use a pins file with the distro or pip method, or serve a "
                 "copy of NVIDIA's repository (gpuenv_cuda_repo_url)"
             )
-        if method not in table:
-            raise BadInput(f"{stem}: {var}={method} is not offered on {os_name} {major}")
-        row = table[method]
-        if role == "nvidia_driver":
-            modes = ("userspace", "full") if driver_mode == "both" else (driver_mode,)
-            for mode in modes:
-                add(list(row["pinned"][mode]) + list(row["extra"][mode]), role)
-        elif method == "pip" and role == "nccl":
-            build = nccl["__nccl_pip_builds"][_cuda_major(pins, cuda)]
-            version = str(pins.get("nccl_version", nccl.get("nccl_version")))
-            spec = f"=={version}" if version.count(".") == 2 else f"=={version}.*"
-            wheels.append(f"{build['package']}{spec}")
-            add(["python3-venv", "python3-packaging"], role)
-        elif method == "pip":
+        if method == "pip" and stage == "cuda_toolkit":
             raise BadInput(
                 f"{stem}: {var}=pip installs CUDA from PyPI wheels; bundles of the pip-installed "
                 "toolkit are not supported yet: use the distro method"
             )
-        else:
-            add(list(row.get("packages", [])) + list(row.get("extra", [])), role)
-
-    mpi = _role_vars(root, "mpi", os_name, major)
-    add(list(mpi.get("__mpi_distro_packages", [])), "mpi")
-    ssh = _role_vars(root, "ssh_mesh", os_name, major)
-    add(list(ssh.get("__ssh_mesh_packages", [])), "ssh_mesh")
-    env = _role_vars(root, "gpu_env", "Debian", "")
-    add(list(env["__gpu_env_os_packages_by_family"]["Debian"]), "gpu_env")
-    add(list(env["__gpu_env_build_packages_by_family"]["Debian"]), "gpu_env")
-    wheels += [str(p) for p in env["gpu_env_packages"]]
-    if gpu_wheels:
-        wheels += [str(p) for p in env["gpu_env_gpu_packages"]]
-        cupy = str(pins.get("gpu_env_cupy_version", env["gpu_env_cupy_version"]))
-        if cupy:
-            wheels.append(f"cupy-cuda{_cuda_major(pins, cuda)}x=={cupy}")
+    debs: dict[str, str] = {}
+    node_specific: list[str] = []
+    wheels: list[str] = []
+    for stage in STAGES:
+        for name in stages[stage].debs:
+            if NODE_FACT in name:
+                node_specific.append(f"{name} ({stage})")
+            elif not _DEB_NAME_RE.match(name):
+                raise GpuenvError(f"the {stage} role named {name!r}, which is not a Debian package")
+            else:
+                debs.setdefault(name, stage)
+        wheels += stages[stage].wheels
     if torch:
         wheels.append(torch)
     for name in extra_debs:
-        if not _DEB_NAME_RE.match(name):
-            raise BadInput(f"--deb {name!r} is not a Debian package name")
         debs.setdefault(name, "extra")
-    for req in extra_wheels + ((torch,) if torch else ()):
-        if not _REQ_RE.match(req):
-            raise BadInput(f"{req!r} is not a pip requirement (name[extras][==version])")
     wheels += list(extra_wheels)
     return Plan(
         pins_name=stem,
@@ -247,13 +301,17 @@ def plan_bundle(
         python_tag=python_tag,
         debs=tuple(sorted(debs)),
         wheels=tuple(dict.fromkeys(wheels)),
-        node_specific=tuple(node_specific),
+        node_specific=tuple(dict.fromkeys(node_specific)),
         origins=dict(sorted(debs.items())),
         with_gpuenv=with_gpuenv,
         mirror=str(pins.get("nvidia_driver_debian_mirror", "")) if os_name == "Debian" else "",
     )
 
 
-def _cuda_major(pins: dict[str, Any], cuda: dict[str, Any]) -> str:
-    version = str(pins.get("cuda_toolkit_version", cuda.get("cuda_toolkit_version")))
-    return version.split(".")[0]
+def _pins(name: str, root: Path) -> tuple[str, dict[str, Any], Path]:
+    """load_pins, and the file the playbook reads."""
+    stem, pins = load_pins(name, root)
+    path = Path(name)
+    if not (path.suffix in (".yml", ".yaml") and path.exists()):
+        path = root / "inventory" / "pins" / f"{name}.yml"
+    return stem, pins, path.resolve()

@@ -146,8 +146,3 @@ def sign_argvs(release: str) -> list[list[str]]:
 
 def _dir(path: str) -> str:
     return path[: path.rfind("/") + 1]
-
-
-def sources_entry(url: str, key_path: str) -> str:
-    """The deb822 source a node uses for the bundle (the site_cache role writes it)."""
-    return f"Types: deb\nURIs: {url.rstrip('/')}/apt/\nSuites: ./\nSigned-By: {key_path}\n"

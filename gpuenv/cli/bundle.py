@@ -19,8 +19,9 @@ def register(subparsers: Any) -> None:
         description="Download, in a container of the pins file's distribution, every .deb the "
         "roles install with their dependencies into a flat apt repository signed with a key made "
         "for this bundle, and build the Python wheels the roles install. Serve the folder over "
-        "HTTP inside the site and point the site_cache role at it (docs/sources.md). Exit 2 on "
-        "bad input, before anything is downloaded.",
+        "HTTP inside the site and point gpuenv_apt_bundle_url and gpuenv_apt_bundle_key at it "
+        "(docs/sources.md). The package lists come from the roles, asked through Ansible "
+        "(playbooks/bundle_packages.yml). Exit 2 on bad input, before anything is downloaded.",
     )
     p.add_argument(
         "--pins",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -24,11 +23,12 @@ from urllib.parse import urlsplit
 import jinja2
 import yaml
 
+from gpuenv import proc
 from gpuenv.checks.profiles import profile_names
 from gpuenv.checks.thresholds import load_thresholds
-from gpuenv.cloud import sources as src
 from gpuenv.cluster import inventory
 from gpuenv.errors import BadInput
+from gpuenv.floor import sources as src
 
 # What the node installs to run Ansible: the version constraints.txt pins, and for Python 3.10
 # (Ubuntu 22.04) the last ansible whose core runs there (ansible-core 2.17).
@@ -42,6 +42,8 @@ DEFAULT_NODE_VENV = "/opt/gpuenv"  # roles/gpu_env's gpu_env_venv
 # The node checks itself by the profile the cluster's validate stage uses (playbooks/validate.yml).
 PROFILE_VAR = "validate_profile"
 DEFAULT_PROFILE = "quick"
+# Reading the checkout's origin and HEAD with git (instant here); past this git's session is killed.
+GIT_DEADLINE_S = 30
 # AWS EC2 refuses user data over 16 KiB (before base64); Aliyun ECS allows 32 KiB.
 USER_DATA_LIMIT = 16384
 
@@ -114,14 +116,8 @@ def checkout_defaults(root: Path) -> tuple[str | None, str | None]:
 
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(
-                ["git", "-C", str(root), *args],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired):
+            done = proc.capture(["git", "-C", str(root), *args], GIT_DEADLINE_S)
+        except OSError:
             return None
         return done.stdout.strip() or None if done.returncode == 0 else None
 
@@ -234,11 +230,6 @@ def check_profile(variables: Mapping[str, Any]) -> str:
 
 
 def _env_file(req: Request, sources: src.Sources, node_venv: str, profile: str) -> str:
-    official = src.preset("official").apt
-    # gpuenv_apt_base_repoint false: the image's own apt sources stay as they are.
-    rewrite = {
-        f: a for f, a in sources.apt.items() if a != official[f] and sources.apt_base_repoint
-    }
     values = {
         "GPUENV_GROUP": req.group,
         "GPUENV_SOURCE": req.source,
@@ -252,39 +243,48 @@ def _env_file(req: Request, sources: src.Sources, node_venv: str, profile: str) 
         "GPUENV_HTTP_PROXY": sources.http_proxy,
         "GPUENV_HTTPS_PROXY": sources.https_proxy,
         "GPUENV_NO_PROXY": sources.no_proxy,
-        "GPUENV_APT_PROXY": sources.apt_proxy,
+        # The sources role's own apt settings file, with the body the role writes there.
+        "GPUENV_APT_CONF_FILE": src.APT_CONF,
+        "GPUENV_APT_CONF": sources.apt_conf(),
     }
+    # The floor's rules for the base apt sources as sed scripts (the image has no gpuenv yet);
+    # empty: the image's own sources stay as they are.
     for family in src.DISTRO_FAMILIES:
-        apt = rewrite.get(family)
-        values[f"GPUENV_APT_MIRROR_{family.upper()}"] = apt.mirror if apt else ""
-        values[f"GPUENV_APT_SECURITY_{family.upper()}"] = apt.security if apt else ""
+        try:
+            values[f"GPUENV_APT_SED_{family.upper()}"] = src.sed_script(sources.apt_rules(family))
+        except src.SourcesError as exc:
+            raise BadInput(f"{exc} ({family})") from None
     lines = ["# Settings of /usr/local/sbin/gpuenv-bootstrap (gpuenv cloud-init)."]
     lines += [f"{k}={shlex.quote(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
 
 
 def _pip_conf(sources: src.Sources) -> str:
-    lines = ["[global]", f"index-url = {sources.pip_index_url}"]
-    if sources.pip_extra_index_urls:
-        lines.append(f"extra-index-url = {' '.join(sources.pip_extra_index_urls)}")
-    if sources.pip_find_links:
-        lines.append(f"find-links = {' '.join(sources.pip_find_links)}")
-    trusted = src.plain_http_hosts(sources)
-    if trusted:
-        lines.append(f"trusted-host = {' '.join(trusted)}")
-    proxy = sources.https_proxy or sources.http_proxy
-    if proxy:
-        lines.append(f"proxy = {proxy}")
-    lines.append(f"cert = {src.SYSTEM_CA_BUNDLE}")
-    return "\n".join(lines) + "\n"
+    return src.pip_conf(
+        sources.pip_index_url,
+        sources.pip_extra_index_urls,
+        sources.find_links(),
+        sources.pip_no_index,
+        sources.https_proxy or sources.http_proxy,
+    )
 
 
-def _check_apt_urls(sources: src.Sources) -> None:
-    # The bootstrap edits the apt sources with sed: a mirror URL is an archive root, nothing more.
-    for family, apt in sources.apt.items():
-        for url in (apt.mirror, apt.security):
-            if re.search(r"[\s#&?\\]", url):
-                raise BadInput(f"apt mirror {url!r} ({family}) must be a plain archive URL")
+def resolve_sources(variables: Mapping[str, Any]) -> tuple[src.Sources, list[str]]:
+    """The group's sources by the floor's resolver, and its warnings (deprecated variables)."""
+    try:
+        _, warnings = src.deprecated(variables)
+        sources = src.resolve(variables)
+    except src.SourcesError as exc:
+        raise BadInput(str(exc)) from None
+    if sources.apt_bundle_url:
+        raise BadInput(
+            "gpuenv_apt_bundle_url: an offline bundle is set up by the sources role at converge; "
+            "the cloud-init bootstrap needs an archive (or a site cache, gpuenv_apt_proxy) to "
+            "install git and Python first"
+        )
+    if sources.pip_no_index and not sources.find_links():
+        raise BadInput("gpuenv_pip_no_index is true but gpuenv_pip_find_links is empty")
+    return sources, warnings
 
 
 def render(req: Request) -> UserData:
@@ -293,8 +293,7 @@ def render(req: Request) -> UserData:
     check_ref(req.ref)
     data, groups = inventory.export(req.inventory)
     variables = group_vars(data, groups, req.group, req.inventory)
-    sources = src.resolve(variables)
-    _check_apt_urls(sources)
+    sources, warnings = resolve_sources(variables)
     proxies = {
         "gpuenv_http_proxy": sources.http_proxy,
         "gpuenv_https_proxy": sources.https_proxy,
@@ -321,6 +320,7 @@ def render(req: Request) -> UserData:
         resources.files("gpuenv.cloud").joinpath("templates/user-data.yaml.j2").read_text()
     )
     header = f"# The variables of inventory group {req.group}, as `gpuenv cloud-init` read them.\n"
+    env_file = _env_file(req, sources, node_venv, check_profile(variables))
     text = template.render(
         group=req.group,
         source=req.source,
@@ -328,14 +328,14 @@ def render(req: Request) -> UserData:
         playbook=req.playbook,
         ca_certs=certs,
         # Each file's content is a YAML block scalar, which gives back its final newline.
-        env_file=_env_file(req, sources, node_venv, check_profile(variables)).rstrip("\n"),
+        env_file=env_file.rstrip("\n"),
         pip_conf=_pip_conf(sources).rstrip("\n"),
         group_vars=(header + yaml.safe_dump(node_vars, sort_keys=True)).rstrip("\n"),
         script=script.rstrip("\n"),
     )
     if _PRIVATE_KEY_RE.search(text):  # the last guard: nothing above may let one through
         raise BadInput("the rendered user data would hold a private key; refusing")
-    notes = list(sources.notes)
+    notes = [*warnings, *sources.notes]
     size = len(text.encode())
     if size > USER_DATA_LIMIT:
         notes.append(

@@ -34,6 +34,15 @@ options:
     type: list
     elements: str
     default: []
+  ini_absent:
+    description:
+      - Keys to remove from the C([global]) section of an INI file (pip's C(/etc/pip.conf)), the
+        rest of the file kept as written; a missing file is left missing.
+    type: dict
+    suboptions:
+      path: {description: The file., type: path, required: true}
+      section: {description: The section., type: str, default: global}
+      keys: {description: The keys., type: list, elements: str, required: true}
   ca_dir:
     description:
       - The folder of the site's CA certificates; when a file in it is removed,
@@ -90,7 +99,7 @@ EXAMPLES = r"""
 - name: Remove what is no longer wanted, point the base apt sources at the mirror
   gpuenv.cluster.sources_node:
     absent:
-      - /etc/apt/apt.conf.d/90gpuenv-proxy
+      - /etc/apt/apt.conf.d/80gpuenv-site-cache
       - /usr/local/share/ca-certificates/gpuenv-site/site-*.crt
     keep: [/usr/local/share/ca-certificates/gpuenv-site/site-000.crt]
     apt_rules:
@@ -106,6 +115,10 @@ removed:
   description: Files removed (or that would be, in check mode).
   type: list
   elements: str
+  returned: always
+ini_cleaned:
+  description: Whether keys of I(ini_absent) were removed (or would be, in check mode).
+  type: bool
   returned: always
 repointed:
   description: Base apt sources files changed (pointed at the mirror or put back).
@@ -137,50 +150,16 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuenv.cluster.plugins.module_utils.node import KILL_AFTER_S
+from ansible_collections.gpuenv.cluster.plugins.module_utils.sources import (
+    SourcesError,
+    compile_rules,
+    repoint,
+    without_keys,
+)
 
 # apt-get update gets this long per attempt (a mirror that accepts the connection and then sends
 # nothing would otherwise hold the run); coreutils' timeout stops it, exit status 124.
 APT_UPDATE_TIMEOUT_S = 300
-
-# An archive root ends where its URL ends: a '/', a blank or the end of the line follows.
-_END = r"(?=[/\s]|$)"
-
-
-class SourcesError(Exception):
-    """A request that cannot be carried out; the message names the path."""
-
-
-def compile_rules(rules: list[dict]) -> list[tuple[re.Pattern[str], str]]:
-    out = []
-    for rule in rules:
-        try:
-            pattern = re.compile(f"(?:{rule['match']}){_END}", re.MULTILINE)
-        except re.error as exc:
-            raise SourcesError(
-                f"apt_rules: {rule['match']!r} is not a regular expression: {exc}"
-            ) from None
-        out.append((pattern, rule["url"].rstrip("/")))
-    return out
-
-
-def repoint(text: str, rules: list[tuple[re.Pattern[str], str]]) -> str:
-    """text with every URL a rule matches pointed at that rule's root (the first rule wins)."""
-    if not rules:
-        return text
-    combined = re.compile("|".join(f"({p.pattern})" for p, _ in rules), re.MULTILINE)
-    # Each rule's group number in the combined pattern (a rule may hold groups of its own).
-    starts, number = [], 1
-    for pattern, _ in rules:
-        starts.append(number)
-        number += 1 + pattern.groups
-
-    def swap(found: re.Match[str]) -> str:
-        for start, (_, url) in zip(starts, rules, strict=True):
-            if found.group(start) is not None:
-                return url
-        return found.group(0)
-
-    return combined.sub(swap, text)
 
 
 def matching(patterns: list[str], exclude: list[str] = ()) -> list[str]:
@@ -312,6 +291,14 @@ def main() -> None:
                 "absent": {"type": "list", "elements": "str", "default": []},
                 "keep": {"type": "list", "elements": "str", "default": []},
                 "ca_dir": {"type": "path"},
+                "ini_absent": {
+                    "type": "dict",
+                    "options": {
+                        "path": {"type": "path", "required": True},
+                        "section": {"type": "str", "default": "global"},
+                        "keys": {"type": "list", "elements": "str", "required": True},
+                    },
+                },
                 "apt_rules": {
                     "type": "list",
                     "elements": "dict",
@@ -352,8 +339,19 @@ def run(module: AnsibleModule) -> None:
         paths = set(matching(params["apt_sources"], params["apt_exclude"])) | set(record)
         current = {p: read_text(p) for p in sorted(paths)}
         writes, new_record, warnings = plan(current, record, rules)
+        ini = params["ini_absent"]
+        ini_text = read_text(ini["path"]) if ini else None
+        ini_wanted = without_keys(ini_text, ini["section"], ini["keys"]) if ini_text else None
     except (SourcesError, OSError) as exc:
         module.fail_json(msg=str(exc))
+    ini_changed = ini_wanted is not None and ini_wanted != ini_text
+    if ini_changed:
+        node._diff(ini["path"], ini_text or "", ini_wanted or "")
+        if not module.check_mode:
+            try:
+                write_text(module, ini["path"], ini_wanted or "")
+            except OSError as exc:
+                module.fail_json(msg=str(exc))
     for warning in warnings:
         module.warn(warning)
     for path, text in writes.items():
@@ -395,8 +393,9 @@ def run(module: AnsibleModule) -> None:
         except OSError as exc:
             module.fail_json(msg=str(exc), removed=removed)
     result = {
-        "changed": bool(removed or writes or record_changed),
+        "changed": bool(removed or writes or record_changed or ini_changed),
         "removed": removed,
+        "ini_cleaned": ini_changed,
         "repointed": sorted(writes),
         "recorded": sorted(new_record),
         "updated": updated,

@@ -135,11 +135,34 @@ def test_tarball_holds_the_collection_and_nothing_else(installed: Installed) -> 
         assert wanted in names, wanted
     tops = {name.split("/")[0] for name in names}
     assert not tops & {"tests", "molecule", "scripts", "benchmarks", ".venv", ".ansible"}
-    # Of the Python package, only the sources presets table that the roles' filter reads.
-    with tarfile.open(installed.tarball) as tar:
-        package = {m.name for m in tar.getmembers() if m.isfile() and m.name.startswith("gpuenv/")}
-    assert package == {"gpuenv/data/sources.yaml"}
+    # Nothing of the Python package: the shared tables live in plugins/module_utils.
+    assert "gpuenv" not in tops
+    assert "plugins/module_utils/sources.py" in names
     assert installed.tarball.stat().st_size < 200_000
+
+
+def test_declared_collections_install_offline_from_the_ansible_package(installed: Installed):
+    # galaxy.yml declares what the roles use; --offline resolved them from the collections the
+    # ansible package carries, so no Galaxy server was contacted (none is reachable from CI).
+    manifest = json.loads(
+        (installed.collections / "ansible_collections/gpuenv/cluster/MANIFEST.json").read_text()
+    )
+    assert set(manifest["collection_info"]["dependencies"]) == {
+        "ansible.posix",
+        "community.crypto",
+    }
+    # Every collection a role or a shipped playbook names is declared.
+    used = set()
+    for path in [*(ROOT / "roles").rglob("*.yml"), *(ROOT / "playbooks").glob("*.yml")]:
+        for fqcn in (
+            "ansible.posix.",
+            "community.crypto.",
+            "community.general.",
+            "community.docker.",
+        ):
+            if fqcn in path.read_text():
+                used.add(fqcn.rstrip("."))
+    assert used <= set(manifest["collection_info"]["dependencies"])
 
 
 def test_outside_playbook_uses_roles_and_modules_by_full_name(installed: Installed) -> None:
@@ -157,7 +180,7 @@ def test_outside_playbook_uses_roles_and_modules_by_full_name(installed: Install
     assert result["files"]["changed_paths"] == [str(installed.work / "written.conf")]
     assert not (installed.work / "written.conf").exists()
     assert "pyyaml" in result["found"]["interpreter"]
-    # The presets table travelled with the collection: the roles' filter reads it there.
+    # The presets table travelled with the collection (module_utils): the roles' filter reads it.
     assert result["tuna_pypi"] == "https://pypi.tuna.tsinghua.edu.cn/simple"
     # The roles came from the installed copy, not from the checkout.
     doc = _run(

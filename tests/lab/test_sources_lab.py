@@ -88,7 +88,7 @@ def test_proxy_and_ca_are_written_then_removed(ca_bundle):
         done, (changed, failed) = sources(wanted)
         assert (done.returncode, failed) == (0, 0), done.stdout[-3000:]
         assert changed > 0
-        apt = on_node("cat /etc/apt/apt.conf.d/90gpuenv-proxy").stdout
+        apt = on_node("cat /etc/apt/apt.conf.d/90gpuenv-sources").stdout
         assert f'Acquire::http::Proxy "{PROXY}";' in apt
         assert f'Acquire::https::Proxy "{PROXY}";' in apt
         # A plain host goes DIRECT; a domain suffix is beyond apt's settings.
@@ -104,7 +104,7 @@ def test_proxy_and_ca_are_written_then_removed(ca_bundle):
         gone, (_, failed) = sources({})
     assert (gone.returncode, failed) == (0, 0), gone.stdout[-3000:]
     left = on_node(
-        "ls /etc/apt/apt.conf.d/90gpuenv-proxy /etc/xdg/pip/pip.conf "
+        "ls /etc/apt/apt.conf.d/90gpuenv-sources /etc/xdg/pip/pip.conf "
         "/usr/local/share/ca-certificates/gpuenv-site/*.crt 2>/dev/null; true"
     )
     assert left.stdout.strip() == ""

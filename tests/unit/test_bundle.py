@@ -8,17 +8,45 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import yaml
 
+from gpuenv.bundle import plan as plan_module
 from gpuenv.bundle import repo
 from gpuenv.bundle.build import MOUNT, build_bundle, validate_output
-from gpuenv.bundle.plan import plan_bundle
+from gpuenv.bundle.plan import StagePackages, parse_answer, plan_bundle
 from gpuenv.cli import main
 from gpuenv.errors import BadInput, GpuenvError
 from gpuenv.progress import Recorder
 
 FPR = "0123456789ABCDEF0123456789ABCDEF01234567"
+# What playbooks/bundle_packages.yml answered for these targets, recorded; the integration test
+# tests/integration/test_bundle_plan.py holds the recording to the playbook's answer now.
+ANSWERS = json.loads((Path(__file__).parent / "bundle" / "answers.json").read_text())
+
+
+def recorded(
+    pins: Path, facts: dict[str, str], modes: tuple[str, ...], gpu: bool
+) -> dict[str, StagePackages]:
+    """The recorded answer for the target, with the install methods the pins file sets."""
+    assert facts == plan_module.target_facts(pins.stem)
+    entry = ANSWERS[f"{pins.stem} {'+'.join(modes)} {'gpu' if gpu else 'cpu'}"]
+    chosen = yaml.safe_load(pins.read_text()) or {}
+    return {
+        stage: StagePackages(
+            tuple(v["debs"]),
+            tuple(v["wheels"]),
+            str(chosen.get(f"{stage}_install_method", v["method"])) if v["method"] else "",
+        )
+        for stage, v in entry.items()
+    }
+
+
+@pytest.fixture(autouse=True)
+def _ansible_answers_from_the_recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan_module, "ask_ansible", recorded)
 
 
 def test_debian_13_plan_takes_each_stage_from_the_roles_tables() -> None:
@@ -68,6 +96,36 @@ def test_pins_file_by_path_and_nvidia_repo_refused(tmp_path: Path) -> None:
 def test_bad_plan_input(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(BadInput, match=message):
         plan_bundle(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_playbooks_answer_is_read_and_a_failed_role_check_is_bad_input() -> None:
+    answer = {"plays": [{"tasks": [
+        {"task": {"name": "Load"}, "hosts": {"localhost": {"changed": False}}},
+        {"task": {"name": "Say"}, "hosts": {"localhost": {"gpuenv_bundle_packages": {
+            "mpi": {"debs": ["openmpi-bin"], "wheels": []},
+        }}}},
+    ]}]}  # fmt: skip
+    # profile_tasks or a warning may print before the JSON document.
+    stages = parse_answer("Tuesday 01 December\n" + json.dumps(answer), 0)
+    assert stages == {"mpi": StagePackages(("openmpi-bin",), ())}
+    failed = {"plays": [{"tasks": [{"task": {"name": "Check the NCCL version"}, "hosts": {
+        "localhost": {"failed": True, "msg": "localhost: nccl_install_method=tarball is bad"},
+    }}]}]}  # fmt: skip
+    with pytest.raises(BadInput, match="Check the NCCL version: localhost: nccl_install_method"):
+        parse_answer(json.dumps(failed), 2)
+    with pytest.raises(GpuenvError, match="gave no package lists"):
+        parse_answer("ERROR! the playbook could not be read", 4)
+
+
+def test_the_roles_must_name_real_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    def bad(*args: object) -> dict[str, StagePackages]:
+        stages = recorded(*args)  # type: ignore[arg-type]
+        stages["mpi"] = StagePackages(("openmpi-bin", "Bad Name"), ())
+        return stages
+
+    monkeypatch.setattr(plan_module, "ask_ansible", bad)
+    with pytest.raises(GpuenvError, match="the mpi role named 'Bad Name'"):
+        plan_bundle("debian-13")
 
 
 def test_parse_closure_keeps_real_packages_only() -> None:
@@ -237,3 +295,34 @@ def test_find_links_must_be_a_folder(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_ubuntu_needs_an_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bundle", "--pins", "ubuntu-22.04", "-o", str(tmp_path / "b")]) == 2
     assert "give --image" in capsys.readouterr().err
+
+
+class _Exec:
+    """A docker container's exec_run: records the argv, answers with an exit status."""
+
+    def __init__(self, exit_code: int) -> None:
+        self.exit_code = exit_code
+        self.argv: list[str] = []
+
+    def exec_run(self, argv: list[str], **_: object) -> SimpleNamespace:
+        self.argv = argv
+        return SimpleNamespace(exit_code=self.exit_code, output=(b"", b"E: stalled"))
+
+
+def test_a_build_step_runs_under_a_deadline_and_a_stalled_one_is_named() -> None:
+    from gpuenv.bundle import container
+
+    ok = _Exec(0)
+    container.DockerExecutor(ok).run(["apt-get", "update"])  # type: ignore[arg-type]
+    assert ok.argv == [
+        "timeout",
+        f"--kill-after={container.STEP_KILL_AFTER_S}",
+        str(container.STEP_DEADLINE_S),
+        "apt-get",
+        "update",
+    ]
+    for code in (124, 137):
+        with pytest.raises(GpuenvError, match=r"did not finish within 3600 s .*process group"):
+            container.DockerExecutor(_Exec(code)).run(["apt-get", "update"])  # type: ignore[arg-type]
+    with pytest.raises(GpuenvError, match=r"failed in the build container \(exit 100\)"):
+        container.DockerExecutor(_Exec(100)).run(["apt-get", "update"])  # type: ignore[arg-type]

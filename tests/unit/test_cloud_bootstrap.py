@@ -10,6 +10,8 @@ from importlib import resources
 
 import pytest
 
+from gpuenv.floor import sources as floor
+
 SCRIPT = resources.files("gpuenv.cloud").joinpath("templates/bootstrap.sh")
 
 
@@ -61,10 +63,10 @@ def _env_file(root, repo, ref, **extra):
         "GPUENV_HTTP_PROXY": "",
         "GPUENV_HTTPS_PROXY": "",
         "GPUENV_NO_PROXY": "",
-        "GPUENV_APT_MIRROR_DEBIAN": "",
-        "GPUENV_APT_SECURITY_DEBIAN": "",
-        "GPUENV_APT_MIRROR_UBUNTU": "",
-        "GPUENV_APT_SECURITY_UBUNTU": "",
+        "GPUENV_APT_CONF_FILE": floor.APT_CONF,
+        "GPUENV_APT_CONF": "",
+        "GPUENV_APT_SED_DEBIAN": "",
+        "GPUENV_APT_SED_UBUNTU": "",
         **extra,
     }
     text = "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
@@ -110,15 +112,24 @@ def test_a_failing_git_fails_the_fetch_stage(node):
 
 def test_a_converged_node_records_the_commit_and_the_check_verdict(node):
     root, bin_dir, repo = node
+    # What `gpuenv cloud-init` renders from the node floor for these sources.
+    rules = floor.apt_rules(
+        "official",
+        "debian",
+        "https://mirrors.example.cn/debian",
+        "https://mirrors.example.cn/debian-security",
+    )
+    apt_conf = floor.apt_conf(
+        "http://proxy.example:3128", "http://proxy.example:3128", "http://cache.example:3142"
+    )
     _env_file(
         root,
         repo,
         "v1",
-        GPUENV_APT_MIRROR_DEBIAN="https://mirrors.example.cn/debian",
-        GPUENV_APT_SECURITY_DEBIAN="https://mirrors.example.cn/debian-security",
+        GPUENV_APT_SED_DEBIAN=floor.sed_script(rules),
         GPUENV_HTTP_PROXY="http://proxy.example:3128",
         GPUENV_HTTPS_PROXY="http://proxy.example:3128",
-        GPUENV_APT_PROXY="http://cache.example:3142",
+        GPUENV_APT_CONF=apt_conf,
         GPUENV_CHECK_PROFILE="cpu",
     )
     args = root / "check-args"
@@ -139,12 +150,21 @@ def test_a_converged_node_records_the_commit_and_the_check_verdict(node):
     sources = (root / "etc" / "apt" / "sources.list.d" / "debian.sources").read_text()
     assert "URIs: https://mirrors.example.cn/debian\n" in sources
     assert "URIs: https://mirrors.example.cn/debian-security\n" in sources
-    proxy = (root / "etc" / "apt" / "apt.conf.d" / "90gpuenv-proxy").read_text()
-    # apt's plain-HTTP proxy is the apt-only one (a site cache), HTTPS goes through the proxy.
+    # The sed script gave what the sources_node module gives for the same rules.
+    before = (
+        "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\n\n"
+        "Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\n"
+    )
+    assert sources == floor.repoint(before, floor.compile_rules(rules))
+    # The one apt settings file, the sources role's: the apt-only proxy (a site cache) for plain
+    # HTTP, HTTPS through the proxy.
+    proxy = (root / floor.APT_CONF.lstrip("/")).read_text()
     assert proxy == (
         'Acquire::http::Proxy "http://cache.example:3142";\n'
         'Acquire::https::Proxy "http://proxy.example:3128";\n'
+        'Acquire::http::Proxy-Auto-Detect "";\n'
     )
+    assert not list((root / "etc" / "apt" / "apt.conf.d").glob("*gpuenv-proxy"))
     log = (root / "var" / "log" / "gpuenv-bootstrap.log").read_text()
     inventory = f"{root}/etc/gpuenv/inventory/hosts.yml"
     assert f"ansible-playbook site.yml -i {inventory} --skip-tags ssh,validate" in log

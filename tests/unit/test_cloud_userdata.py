@@ -89,7 +89,9 @@ def test_user_data_carries_the_groups_variables_and_the_resolved_sources(rendere
     assert script["content"] == shipped
     env = files["/etc/gpuenv/bootstrap.env"]["content"]
     assert "GPUENV_REF=v1.0\n" in env
-    assert "GPUENV_APT_MIRROR_DEBIAN=https://mirrors.aliyun.com/debian\n" in env
+    # The node floor's rules as a sed script for the image's Debian sources.
+    debian = r"s#(https?://deb\.debian\.org/debian)([/[:space:]]|$)#https://mirrors.aliyun.com/debian\2#g"
+    assert debian in env
     assert "GPUENV_SKIP_TAGS=ssh,validate\n" in env
     pip_conf = files["/etc/gpuenv/pip.conf"]["content"]
     assert "index-url = https://mirrors.aliyun.com/pypi/simple/\n" in pip_conf
@@ -100,7 +102,7 @@ def test_a_group_that_keeps_its_base_sources_gets_no_repoint(tmp_path):
     _, files = _files(userdata.render(_request(inv)).text)
     env = files["/etc/gpuenv/bootstrap.env"]["content"]
     # The bootstrap leaves the image's apt sources as they are (it repoints only with a mirror).
-    assert "GPUENV_APT_MIRROR_DEBIAN=''\n" in env and "GPUENV_APT_SECURITY_DEBIAN=''\n" in env
+    assert "GPUENV_APT_SED_DEBIAN=''\n" in env and "GPUENV_APT_SED_UBUNTU=''\n" in env
     node_vars = yaml.safe_load(files["/etc/gpuenv/inventory/group_vars/cloud_nodes.yml"]["content"])
     assert node_vars["gpuenv_apt_base_repoint"] is False
 
@@ -222,7 +224,8 @@ def test_role_variables_and_site_cache_settings_reach_the_node_as_set(tmp_path):
     assert out.node_vars["gpuenv_apt_proxy"] == "http://cache.site.example:3142"
     files = {f["path"]: f["content"] for f in yaml.safe_load(out.text)["write_files"]}
     # The bootstrap's own apt and pip steps use the site cache too.
-    assert "GPUENV_APT_PROXY=http://cache.site.example:3142\n" in files["/etc/gpuenv/bootstrap.env"]
+    env = files["/etc/gpuenv/bootstrap.env"]
+    assert 'Acquire::http::Proxy "http://cache.site.example:3142";' in env
     pip_conf = files["/etc/gpuenv/pip.conf"]
     assert "find-links = http://cache.site.example:8080/\n" in pip_conf
     assert "trusted-host = cache.site.example\n" in pip_conf

@@ -3,28 +3,28 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv.cloud import sources
-from gpuenv.errors import BadInput
+from gpuenv.floor import sources
+from gpuenv.floor.sources import SourcesError
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_presets_cover_both_distros_pypi_and_cite_their_pages():
-    presets = sources.presets()
-    assert {"official", "tuna", "ustc", "aliyun"} <= set(presets)
-    for p in presets.values():
-        assert set(p.apt) == {"debian", "ubuntu"}
-        for apt in p.apt.values():
-            assert apt.mirror.startswith(("http://", "https://"))
-            assert apt.security.startswith(("http://", "https://"))
-        assert p.pip_index_url.startswith("https://")
+    assert {"official", "tuna", "ustc", "aliyun"} <= set(sources.PRESETS)
+    for name, entry in sources.PRESETS.items():
+        p = sources.preset(name)
+        for family in ("debian", "ubuntu"):
+            assert p[family]["mirror"].startswith(("http://", "https://"))
+            assert p[family]["security"].startswith(("http://", "https://"))
+        assert p["pypi"]["index_url"].startswith("https://")
         # Every URL of a preset comes with the page it was taken from.
-        assert len(p.citations) == (4 if p.cuda_repo_url else 3)
-        assert all(re.match(r"https://", c) for c in p.citations)
+        cites = sources.citations(name)
+        assert len(cites) == (4 if entry["cuda"] else 3)
+        assert all(re.match(r"https://", c) for c in cites)
 
 
 def test_unknown_preset_lists_the_valid_ones():
-    with pytest.raises(BadInput) as exc:
+    with pytest.raises(SourcesError) as exc:
         sources.resolve({"gpuenv_sources_preset": "tsinghua"})
     message = str(exc.value)
     assert "gpuenv_sources_preset='tsinghua'" in message
@@ -39,6 +39,7 @@ def test_default_is_official():
     assert resolved.cuda_repo_key_url == ""
     assert resolved.pip_index_url == "https://pypi.org/simple"
     assert (resolved.http_proxy, resolved.apt_proxy, resolved.pip_find_links) == ("", "", ())
+    assert (resolved.apt_bundle_url, resolved.pip_no_index, resolved.apt_conf()) == ("", False, "")
     assert resolved.notes == ()
 
 
@@ -81,7 +82,7 @@ def test_overrides_beat_the_preset():
     assert resolved.apt_proxy == "http://cache.site.example:3142"
     assert resolved.pip_find_links == ("http://cache.site.example:8080/",)
     # pip ignores a plain-HTTP wheel folder unless its host is trusted.
-    assert sources.plain_http_hosts(resolved) == ("cache.site.example",)
+    assert sources.plain_http_hosts(resolved.find_links()) == ["cache.site.example"]
     assert resolved.notes == ()
 
 
@@ -100,7 +101,7 @@ def test_overrides_beat_the_preset():
     ],
 )
 def test_bad_values_name_the_variable(name, value, expected):
-    with pytest.raises(BadInput, match=expected) as exc:
+    with pytest.raises(SourcesError, match=expected) as exc:
         sources.resolve({name: value})
     assert name in str(exc.value)
 
@@ -115,7 +116,7 @@ def test_the_base_sources_are_repointed_unless_told_not_to(value, expected):
 def test_a_wheel_folder_on_the_node_is_a_file_url():
     resolved = sources.resolve({"gpuenv_pip_find_links": ["file:///srv/wheels", ""]})
     assert resolved.pip_find_links == ("file:///srv/wheels",)
-    with pytest.raises(BadInput, match="gpuenv_pip_find_links"):
+    with pytest.raises(SourcesError, match="gpuenv_pip_find_links"):
         sources.resolve({"gpuenv_pip_find_links": "file://host/srv/wheels"})
 
 

@@ -1,5 +1,6 @@
-"""The node's base apt sources pointed at a mirror and put back: the rules (gpuenv/data/sources.yaml
-read by plugins/filter/sources.py), held to the cloud-init bootstrap's, and the sources_node module
+"""The node's base apt sources pointed at a mirror and put back: the rules (the node floor's
+plugins/module_utils/sources.py, read through plugins/filter/sources.py), held to the cloud-init
+bootstrap's sed script rendered from them, and the sources_node module
 (plugins/modules/sources_node.py) on files in a temporary folder."""
 
 from __future__ import annotations
@@ -7,15 +8,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+
+from gpuenv.floor import sources as floor
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = ROOT / "gpuenv" / "cloud" / "templates" / "bootstrap.sh"
@@ -32,7 +34,11 @@ def _load(name: str, path: Path) -> ModuleType:
     return module
 
 
-flt = _load("gpuenv_sources_filter_base", ROOT / "plugins" / "filter" / "sources.py")
+flt = SimpleNamespace(
+    **_load("gpuenv_sources_filter_base", ROOT / "plugins" / "filter" / "sources.py")
+    .FilterModule()
+    .filters()
+)
 sn = _load("sources_node", ROOT / "plugins" / "modules" / "sources_node.py")
 
 TUNA = "https://mirrors.tuna.tsinghua.edu.cn"
@@ -99,38 +105,40 @@ def test_a_mirror_override_alone_leaves_the_official_security_archive():
     ]
 
 
-def _bootstrap_sed(family: str, mirror: str, security: str) -> list[str]:
-    """The bootstrap's sed expressions for a family, with its shell variables filled in."""
-    block = re.search(rf"^\s+{family}\)\n(.*?);;", BOOTSTRAP.read_text(), re.M | re.S)
-    assert block, f"no {family} branch in {BOOTSTRAP}"
-    found = re.findall(r'-e "([^"]+)"', block.group(1))
-    assert len(found) == 2
-    return [
-        e.replace("$mirror", mirror).replace("$security", security).replace("\\$", "$")
-        for e in found
-    ]
-
-
 @pytest.mark.skipif(not shutil.which("sed"), reason="no sed on this machine")
 @pytest.mark.parametrize(
-    ("family", "text"),
-    [("debian", DEBIAN_LIST), ("debian", DEBIAN_SOURCES), ("ubuntu", UBUNTU_SOURCES)],
+    ("family", "text", "mirror"),
+    [
+        ("debian", DEBIAN_LIST, ""),
+        ("debian", DEBIAN_SOURCES, ""),
+        ("ubuntu", UBUNTU_SOURCES, ""),
+        ("debian", DEBIAN_LIST + "deb http://deb.debian.org/debian\n", "http://apt.site/debian/"),
+        ("ubuntu", UBUNTU_SOURCES.replace("us.archive", "archive"), "http://apt.site/ubuntu"),
+    ],
 )
-def test_push_mode_points_the_sources_where_the_cloud_bootstrap_does(family, text):
-    preset = flt.sources_preset("tuna")[family]
-    argv = ["sed", "-E"]
-    for expression in _bootstrap_sed(family, preset["mirror"], preset["security"]):
-        argv += ["-e", expression]
-    pulled = subprocess.run(argv, input=text, capture_output=True, text=True, check=True).stdout
+def test_push_mode_points_the_sources_where_the_cloud_bootstrap_does(family, text, mirror):
+    # The bootstrap runs the floor's rules as sed_script renders them (gpuenv cloud-init).
+    preset = "official" if mirror else "tuna"
+    table = floor.apt_rules(preset, family, mirror)
+    script = floor.sed_script(table)
+    pulled = subprocess.run(
+        ["sed", "-E", "-e", script], input=text, capture_output=True, text=True, check=True
+    ).stdout
     assert pulled != text
-    assert sn.repoint(text, rules("tuna", family)) == pulled
+    assert sn.repoint(text, rules(preset, family, mirror)) == pulled
 
 
-def test_the_table_holds_the_bootstraps_patterns():
+def test_the_bootstrap_carries_no_rule_of_its_own():
     bootstrap = BOOTSTRAP.read_text()
-    for family, rows in flt._table()["upstream"].items():
+    for family, rows in floor.UPSTREAM.items():
         for row in rows:
-            assert f"s#{row['url']}" in bootstrap, (family, row)
+            assert row["url"] not in bootstrap, (family, row)
+    assert "$GPUENV_APT_SED_DEBIAN" in bootstrap
+
+
+def test_a_mirror_url_that_would_break_the_sed_script_is_refused():
+    with pytest.raises(floor.SourcesError, match="plain archive URL"):
+        floor.sed_script([{"match": "x", "url": "http://a/b#c"}])
 
 
 # --- the module ------------------------------------------------------------------------------
@@ -151,6 +159,7 @@ class FakeModule:
             "apt_sources": [],
             "apt_exclude": ["gpuenv-*", "nvidia-cuda.*"],
             "ca_dir": None,
+            "ini_absent": None,
             "update_cache": True,
             "update_retries": 1,
             "update_delay": 0,
@@ -322,3 +331,36 @@ def test_a_record_it_did_not_write_is_named(tmp_path: Path):
     record.write_text("[1, 2]")
     with pytest.raises(Failed, match="is not a record this module wrote"):
         sn.run(FakeModule({"record": str(record)}))
+
+
+def test_the_keys_an_older_site_cache_set_in_pip_conf_are_removed_the_rest_kept() -> None:
+    text = (
+        "# the lab's\n[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n"
+        "find-links = http://cache:8080/wheels/\n    http://other/wheels/\ntrusted-host=cache\n"
+        "no-index = true\n\n[install]\nno-index = kept\n"
+    )
+    assert floor.without_keys(text, "global", list(floor.STALE_PIP_KEYS)) == (
+        "# the lab's\n[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n\n"
+        "[install]\nno-index = kept\n"
+    )
+    clean = "[global]\ncert = x\n"
+    assert floor.without_keys(clean, "global", ["find-links"]) == clean
+
+
+def test_the_module_cleans_pip_conf_once_and_leaves_a_missing_file_missing(tmp_path: Path) -> None:
+    pip_conf = tmp_path / "pip.conf"
+    pip_conf.write_text("[global]\ncert = x\nfind-links = http://cache:8080/wheels/\n")
+    ini = {"path": str(pip_conf), "section": "global", "keys": list(floor.STALE_PIP_KEYS)}
+    params = {"record": str(tmp_path / "record.json"), "ini_absent": ini}
+    first = _run(FakeModule(params))
+    assert first["changed"] and first["ini_cleaned"]
+    assert pip_conf.read_text() == "[global]\ncert = x\n"
+    assert not _run(FakeModule(params))["changed"]
+    missing = {**params, "ini_absent": {**ini, "path": str(tmp_path / "none.conf")}}
+    assert not _run(FakeModule(missing))["changed"]
+    assert not (tmp_path / "none.conf").exists()
+
+
+def _run(module: FakeModule) -> dict[str, Any]:
+    sn.run(module)
+    return module.result

@@ -1,39 +1,45 @@
 """The collection's sources filters (plugins/filter/sources.py): the roles' view of the presets."""
 
 import importlib.util
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from gpuenv.cloud import sources
-from gpuenv.errors import BadInput
+from gpuenv.floor import sources
 
 ROOT = Path(__file__).resolve().parents[2]
+# The filter imports the floor as the collection gpuenv.cluster.
+sys.path.insert(0, str(ROOT / ".ansible" / "collections"))
 _SPEC = importlib.util.spec_from_file_location(
     "gpuenv_sources_filter", ROOT / "plugins" / "filter" / "sources.py"
 )
 assert _SPEC and _SPEC.loader
-flt = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(flt)
+_module = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_module)
+# The filters as Ansible calls them (the floor's errors become AnsibleFilterError).
+flt = SimpleNamespace(**_module.FilterModule().filters())
 
 CERT = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUQ\nabc+/=\n-----END CERTIFICATE-----"
 
 
 def test_the_filter_reads_the_one_table_the_cli_reads():
-    assert flt.TABLE == ROOT / "gpuenv" / "data" / "sources.yaml"
-    for name, preset in sources.presets().items():
+    assert not (ROOT / "gpuenv" / "data" / "sources.yaml").exists()
+    for name, entry in sources.PRESETS.items():
         mine = flt.sources_preset(name)
-        assert mine["debian"]["mirror"] == preset.apt["debian"].mirror
-        assert mine["ubuntu"]["security"] == preset.apt["ubuntu"].security
-        assert mine["pypi"]["index_url"] == preset.pip_index_url
+        resolved = sources.resolve({sources.PRESET_VAR: name})
+        assert mine["debian"]["mirror"] == resolved.apt["debian"].mirror
+        assert mine["ubuntu"]["security"] == resolved.apt["ubuntu"].security
+        assert mine["pypi"]["index_url"] == resolved.pip_index_url
         # A preset without a CUDA mirror keeps NVIDIA's own, as resolve() does.
-        assert mine["cuda"]["repo_url"] == sources.resolve({sources.PRESET_VAR: name}).cuda_repo_url
-        assert mine["cuda"]["mirrored"] == (preset.cuda_repo_url is not None)
+        assert mine["cuda"]["repo_url"] == resolved.cuda_repo_url
+        assert mine["cuda"]["mirrored"] == (entry["cuda"] is not None)
 
 
 def test_an_unknown_preset_gets_the_clis_message():
-    with pytest.raises(BadInput) as cli:
+    with pytest.raises(sources.SourcesError) as cli:
         sources.resolve({sources.PRESET_VAR: "tsinghua"})
     assert flt.sources_preset_error("tsinghua") == str(cli.value)
     assert "valid: aliyun, official, tuna, ustc" in str(cli.value)
@@ -77,3 +83,33 @@ def test_a_ca_bundle_becomes_one_file_per_certificate():
         "/usr/local/share/ca-certificates/gpuenv-site/site-001.crt",
     ]
     assert flt.sources_pem_certificates("no certificate here") == []
+
+
+def test_a_deprecated_variable_gives_its_value_and_a_warning_or_fails_when_it_disagrees():
+    said = flt.sources_deprecated({"site_cache_apt_proxy_url": "http://cache:3142"})
+    assert said["values"] == {"gpuenv_apt_proxy": "http://cache:3142"}
+    assert said["warnings"] == [
+        "site_cache_apt_proxy_url is deprecated: set gpuenv_apt_proxy instead (docs/sources.md)"
+    ]
+    same = {"site_cache_wheels_url": "http://c/w/", "gpuenv_pip_find_links": ["http://c/w/"]}
+    assert flt.sources_deprecated(same)["values"] == {"gpuenv_pip_find_links": "http://c/w/"}
+    with pytest.raises(AnsibleFilterError, match="remove site_cache_apt_proxy_url"):
+        flt.sources_deprecated(
+            {"site_cache_apt_proxy_url": "http://a:3142", "gpuenv_apt_proxy": "http://b:3142"}
+        )
+    assert flt.sources_deprecated({"site_cache_bundle_url": ""}) == {"values": {}, "warnings": []}
+
+
+def test_one_apt_file_the_cache_beats_the_proxy_and_a_bundle_goes_direct():
+    both = flt.sources_apt_conf("http://px:3128", "http://px:3128", "http://cache:3142", "cache")
+    assert both.splitlines() == [
+        'Acquire::http::Proxy "http://cache:3142";',
+        'Acquire::https::Proxy "http://px:3128";',
+        'Acquire::http::Proxy::cache "DIRECT";',
+        'Acquire::https::Proxy::cache "DIRECT";',
+        'Acquire::http::Proxy-Auto-Detect "";',
+    ]
+    bundle = flt.sources_apt_conf("http://px:3128", "http://px:3128", "http://cache:3142", "", True)
+    assert 'Acquire::http::Proxy "DIRECT";' in bundle and "cache:3142" not in bundle
+    assert 'Dir::Etc::SourceList "/etc/apt/gpuenv-bundle.list";' in bundle
+    assert flt.sources_apt_conf() == ""

@@ -102,48 +102,36 @@ run() {
 }
 
 do_sources() {
-  # apt's plain-HTTP proxy: the apt-only one (a site cache) first, as roles/sources writes it.
-  local apt_http=${GPUENV_APT_PROXY:-${GPUENV_HTTP_PROXY:-}}
-  if [ -n "$apt_http${GPUENV_HTTPS_PROXY:-}" ]; then
-    mkdir -p "$root/etc/apt/apt.conf.d"
-    {
-      [ -z "$apt_http" ] || printf 'Acquire::http::Proxy "%s";\n' "$apt_http"
-      [ -z "${GPUENV_HTTPS_PROXY:-}" ] || printf 'Acquire::https::Proxy "%s";\n' "$GPUENV_HTTPS_PROXY"
-    } >"$root/etc/apt/apt.conf.d/90gpuenv-proxy"
-    echo "apt proxy written to /etc/apt/apt.conf.d/90gpuenv-proxy"
+  # apt's settings: the file the sources role owns, with the body it writes there (proxies, a
+  # site cache, DIRECT hosts), rendered by `gpuenv cloud-init` from the node floor's rules.
+  if [ -n "${GPUENV_APT_CONF:-}" ]; then
+    mkdir -p "$root${GPUENV_APT_CONF_FILE%/*}"
+    printf '%s' "$GPUENV_APT_CONF" >"$root$GPUENV_APT_CONF_FILE"
+    echo "apt settings written to $GPUENV_APT_CONF_FILE"
   fi
-  if [ -z "${GPUENV_APT_MIRROR_DEBIAN:-}${GPUENV_APT_MIRROR_UBUNTU:-}" ]; then
+  if [ -z "${GPUENV_APT_SED_DEBIAN:-}${GPUENV_APT_SED_UBUNTU:-}" ]; then
     echo "apt sources left as the image has them (preset official)"
     return 0
   fi
-  local id files=() mirror security
+  local id files=() script
   # shellcheck source=/dev/null
   id=$(. "$root/etc/os-release" && printf %s "$ID")
-  for f in "$root/etc/apt/sources.list" "$root"/etc/apt/sources.list.d/*.list \
-    "$root"/etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] && files+=("$f")
-  done
-  [ "${#files[@]}" -gt 0 ] || { echo "no apt sources files to point at the mirror"; return 0; }
   case "$id" in
-    debian)
-      mirror=$GPUENV_APT_MIRROR_DEBIAN security=$GPUENV_APT_SECURITY_DEBIAN
-      # The security archive first: the main archive's address is a prefix of it.
-      sed -i -E \
-        -e "s#https?://(deb|security)\.debian\.org/debian-security#$security#g" \
-        -e "s#https?://deb\.debian\.org/debian([/[:space:]]|\$)#$mirror\1#g" "${files[@]}"
-      ;;
-    ubuntu)
-      mirror=$GPUENV_APT_MIRROR_UBUNTU security=$GPUENV_APT_SECURITY_UBUNTU
-      sed -i -E \
-        -e "s#https?://security\.ubuntu\.com/ubuntu#$security#g" \
-        -e "s#https?://([a-z]{2}\.)?archive\.ubuntu\.com/ubuntu#$mirror#g" "${files[@]}"
-      ;;
+    debian) script=$GPUENV_APT_SED_DEBIAN ;;
+    ubuntu) script=$GPUENV_APT_SED_UBUNTU ;;
     *)
       echo "unsupported OS '$id': gpuenv supports Debian 12, 13 and Ubuntu 22.04, 24.04" >&2
       return 1
       ;;
   esac
-  echo "apt sources now use $mirror (security: $security): ${files[*]#"$root"}"
+  for f in "$root/etc/apt/sources.list" "$root"/etc/apt/sources.list.d/*.list \
+    "$root"/etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] && files+=("$f")
+  done
+  [ "${#files[@]}" -gt 0 ] || { echo "no apt sources files to point at the mirror"; return 0; }
+  # The sources role's rules (the node floor's sources.apt_rules) as a sed script, one line each.
+  sed -i -E -e "$script" "${files[@]}"
+  echo "apt sources now use the mirror: ${files[*]#"$root"}"
 }
 
 do_packages() {
