@@ -14,7 +14,7 @@ description:
 options:
   count_gpus:
     description:
-      - Count the NVIDIA display/3D controllers (vendor 0x10de, class 0x03xx) on the PCI bus.
+      - Count the NVIDIA GPUs on the PCI bus (the node floor's rule, module_utils/pci.py).
     type: bool
     default: false
   cuda_home:

@@ -12,7 +12,7 @@ short_description: Find the NVIDIA GPUs on the PCI bus and the driver the node r
 description:
   - One look at the node for the C(nvidia_driver) role, which leaves a node alone when the driver it
     runs already matches the request.
-  - Counts the NVIDIA display/3D controllers on the PCI bus (vendor 0x10de, class 0x03xx), reads the
+  - Counts the NVIDIA GPUs on the PCI bus (the node floor's rule, module_utils/pci.py), reads the
     loaded kernel module's version from C(/sys/module/nvidia/version), and, where there is no such
     module (a container that sees the GPU through an injected driver), asks C(nvidia-smi).
 options:
