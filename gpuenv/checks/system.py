@@ -1,9 +1,9 @@
 """`system`: the node's probe. What the PCI bus shows and what NVML sees: GPUs, driver, CUDA,
 ECC, persistence, PCIe, NVLink; versions.
 
-The expected GPU count comes from the PCI bus (the node floor's rule: an NVIDIA VGA or 3D controller,
-gpuenv.floor.pci) unless the user gives one: a GPU on the bus that the driver does not see is a FAIL that
-names its PCI address, never a SKIP. ``GPUENV_ROOT`` moves the root the PCI bus is read from
+The expected GPU count comes from the PCI bus (the node floor's rule, gpuenv.floor.pci: an
+NVIDIA VGA or 3D controller) unless the user gives one: a GPU on the bus that the driver does not
+see is a FAIL that names its PCI address, never a SKIP. ``GPUENV_ROOT`` moves the root the PCI bus is read from
 (a fixture in tests).
 """
 
