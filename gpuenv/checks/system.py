@@ -3,8 +3,8 @@ ECC, persistence, PCIe, NVLink; versions.
 
 The expected GPU count comes from the PCI bus (the node floor's rule, gpuenv.floor.pci: an
 NVIDIA VGA or 3D controller) unless the user gives one: a GPU on the bus that the driver does not
-see is a FAIL that names its PCI address, never a SKIP. ``GPUENV_ROOT`` moves the root the PCI bus is read from
-(a fixture in tests).
+see is a FAIL that names its PCI address, never a SKIP. ``GPUENV_ROOT`` moves the root the PCI
+bus is read from (a fixture in tests).
 """
 
 from __future__ import annotations
