@@ -28,13 +28,19 @@ def version(root: Path) -> str:
 
 
 def main(root: Path) -> None:
-    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    # The package's folders: gpuenv/ and those pyproject maps into it (the node floor,
+    # plugins/module_utils as gpuenv.floor), read from the rule itself, not a copy of it.
+    mapped = pyproject.get("tool", {}).get("setuptools", {}).get("package-dir", {})
+    folders = ["gpuenv", *sorted(set(mapped.values()))]
     files = [root / "pyproject.toml", root / "README.md", root / "LICENSE"]
-    files += sorted(
-        p
-        for p in (root / "gpuenv").rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
-    )
+    for folder in folders:
+        files += sorted(
+            p
+            for p in (root / folder).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        )
     digest = hashlib.sha256()
     for path in files:
         if path.is_file():
