@@ -67,10 +67,12 @@ from ansible_collections.gpuenv.cluster.plugins.module_utils.node import (
     Run,
     exit_with_reading,
     installed,
+    read_text,
 )
 
 # Open MPI's system-wide parameter files: Debian's and a source build's default prefix.
 MCA_PARAMS = ("/etc/openmpi/openmpi-mca-params.conf", "/usr/local/etc/openmpi-mca-params.conf")
+CUDA_SWITCH = re.compile(r"^\s*(opal|mpi)_cuda_support\s*=")
 
 
 def gpus(run: Run) -> int:
@@ -95,13 +97,13 @@ def build_stamp(run: Run) -> str | None:
         except OSError:
             return None
         parts.append(f"{path}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
-    # The system-wide MCA parameters can switch CUDA support off (module_utils/ompi.py's rule).
+    # The system-wide MCA parameters can switch CUDA support off (module_utils/ompi.py's rule):
+    # the stamp holds those settings, not the files' identity, which the mpi role's own writes
+    # to them (its MCA settings) would change on every converge.
     for conf in MCA_PARAMS:
-        try:
-            st = os.stat(conf)
-            parts.append(f"{conf}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
-        except OSError:
-            parts.append(f"{conf}:absent")
+        text = read_text(conf) or ""
+        switches = [ln.strip() for ln in text.splitlines() if CUDA_SWITCH.match(ln)]
+        parts.append(f"{conf}:{';'.join(switches)}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 

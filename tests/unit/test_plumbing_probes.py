@@ -259,3 +259,26 @@ def test_cuda_probe_reports_each_executable_nvcc_with_its_release(tmp_path: Path
     assert nvcc_probe.compilers(run, candidates) == [
         {"path": str(cuda / "nvcc"), "release": "12.4"}
     ]
+
+
+def test_mpi_build_stamp_follows_the_cuda_switch_not_the_roles_own_mca_writes(
+    tmp_path, monkeypatch
+):
+    exe, lib = tmp_path / "ompi_info", tmp_path / "libmpi.so.40"
+    exe.write_text("")
+    lib.write_text("")
+    conf = tmp_path / "openmpi-mca-params.conf"
+    conf.write_text("btl_tcp_if_include = eth0\n")
+    monkeypatch.setattr(mpi_probe.shutil, "which", lambda name: str(exe))
+    monkeypatch.setattr(mpi_probe, "MCA_PARAMS", (str(conf),))
+
+    def ldd(argv, timeout_s=60):
+        return 0, f"\tlibmpi.so.40 => {lib} (0x0)\n"
+
+    before = mpi_probe.build_stamp(ldd)
+    # The mpi role rewrites its MCA settings: the stamp (and the recorded answer) stay.
+    conf.write_text("btl_tcp_if_include = eth0\nmpi_yield_when_idle = 1\n")
+    assert mpi_probe.build_stamp(ldd) == before
+    # CUDA support switched off in the file: ompi_info must be asked again.
+    conf.write_text("btl_tcp_if_include = eth0\nopal_cuda_support = 0\n")
+    assert mpi_probe.build_stamp(ldd) != before
