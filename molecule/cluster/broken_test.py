@@ -48,7 +48,9 @@ def check(cond: bool, what: str, evidence: object = "") -> None:
 def break_nodes(nodes: list[str]) -> None:
     on(nodes[1], f"{VENV}/bin/python", "-m", "pip", "uninstall", "-q", "-y", "mpi4py")
     dev = f"{FIXTURE}/sys/bus/pci/devices/{GPU_ADDRESS}"
+    # vendor, device and class, as sysfs has them (the node floor reads all three)
     on(nodes[2], "sh", "-c", f"mkdir -p {dev} && echo 0x10de >{dev}/vendor"
+                             f" && echo 0x2330 >{dev}/device"
                              f" && echo 0x030200 >{dev}/class")  # fmt: skip
 
 
