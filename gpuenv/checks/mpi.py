@@ -67,7 +67,7 @@ def choose_path(has_gpu: bool) -> str:
     a second, which the parent would otherwise spend before it can start the next launcher."""
     if not has_gpu:
         return "numpy"
-    found = ompi.read(proc.command_output)
+    found = ompi.read(lambda argv: proc.command_output(argv, OMPI_INFO_DEADLINE_S))
     return "cuda-aware" if found is not None and found["cuda_aware"] else "host-staging"
 
 

@@ -72,7 +72,7 @@ from ansible_collections.gpuenv.cluster.plugins.module_utils.node import (
 
 # Open MPI's system-wide parameter files: Debian's and a source build's default prefix.
 MCA_PARAMS = ("/etc/openmpi/openmpi-mca-params.conf", "/usr/local/etc/openmpi-mca-params.conf")
-CUDA_SWITCH = re.compile(r"^\s*(opal|mpi)_cuda_support\s*=")
+CUDA_SWITCH = re.compile(rf"^\s*({'|'.join(open_mpi.SWITCHES)})\s*=")
 
 
 def gpus(run: Run) -> int:
