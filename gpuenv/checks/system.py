@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuenv.checks.base import Context, NodeInfo, Placement, measurement, module_version
 from gpuenv.checks.ranklog import RankContext
+from gpuenv.checks.thresholds import model_spec
 from gpuenv.floor import pci
 from gpuenv.floor.pci import normal_bus_id
 from gpuenv.results import Measurement, Result, Status
@@ -100,6 +101,7 @@ def probe() -> dict[str, Any]:
                     "pcie_max_width": _call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
                     "nvlink_links": len(links),
                     "nvlink_active": sum(links),
+                    "nvlink_down": [n for n, up in enumerate(links) if not up],
                 }
             )
         return info
@@ -166,7 +168,13 @@ def node_info(payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo:
     no_gpu = None if gpus else "no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides all)"
     if not info.get("gpus"):
         no_gpu = f"no NVIDIA GPU visible (NVML sees none, driver {info.get('driver')})"
-    return NodeInfo(gpus=gpus, no_gpu=no_gpu, pci_gpus=pci)
+    return NodeInfo(
+        gpus=gpus,
+        no_gpu=no_gpu,
+        pci_gpus=pci,
+        nvml_gpus=len(info.get("gpus", [])),
+        visible_spec=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
 
 
 def early_node(ctx: Context) -> NodeInfo | None:
@@ -188,6 +196,45 @@ def early_node(ctx: Context) -> NodeInfo | None:
 
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:
     return None
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> ``0-2,5``: the links of a GPU, as nvidia-smi numbers them."""
+    parts: list[str] = []
+    for n in sorted(numbers):
+        if parts and parts[-1].split("-")[-1] == str(n - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
+        else:
+            parts.append(str(n))
+    return ",".join(parts)
+
+
+def nvlink_problems(ctx: Context, gpus: list[dict[str, Any]]) -> list[str]:
+    """Every GPU with fewer active NVLinks than its model has (``nvlink_links`` of its
+    gpu_specs.yaml row) or than its best peer, naming the GPU, the counts and the links down.
+    A GPU whose model has no NVLink on its board and whose peers have none is not judged."""
+    best_peer = max((int(g.get("nvlink_active") or 0) for g in gpus), default=0)
+    found = []
+    for g in gpus:
+        row = model_spec(ctx.specs, g)
+        model_links = int(row.get("nvlink_links") or 0) if row else 0
+        want = max(model_links, best_peer)
+        active = int(g.get("nvlink_active") or 0)
+        if active >= want:
+            continue
+        why = (
+            f"its model {row['key']} has {model_links}"
+            if row and model_links >= best_peer
+            else f"its peers have {best_peer}"
+        )
+        down = _ranges(list(g.get("nvlink_down") or []))
+        if not down and int(g.get("nvlink_links") or 0) < want:
+            down = f"NVML answers for {int(g.get('nvlink_links') or 0)} links only"
+        found.append(
+            f"GPU{g['index']} ({g.get('pci_bus_id') or '?'}) has {active} of {want} NVLinks"
+            f" active ({why}); links down: {down or 'not listed by NVML'}"
+        )
+    return found
 
 
 def world(ctx: Context, node: NodeInfo) -> int:
@@ -281,12 +328,23 @@ def judge(
             versions=versions,
             details=details,
         )
-    down = [
-        f"GPU{g['index']}: {g['nvlink_links'] - g['nvlink_active']} of {g['nvlink_links']} down"
-        for g in gpus
-        if 0 < g["nvlink_active"] < g["nvlink_links"]
-    ]
-    notes = f"; NVLink links down: {', '.join(down)}" if down else ""
+    down = nvlink_problems(ctx, gpus)
+    if down:
+        return Result(
+            NAME,
+            ctx.node,
+            Status.FAIL,
+            reason=f"NVLink down: {'; '.join(down)} ({summary})",
+            measurements=ms,
+            versions=versions,
+            details=details,
+        )
+    subset = node.subset
+    notes = ""
+    if subset:
+        asked = "verified as asked (--gpu-subset)" if ctx.gpu_subset else "not asked"
+        notes = f"; {subset} ({asked})"
+        details["subset"] = subset
     return Result(
         NAME,
         ctx.node,

@@ -26,7 +26,13 @@ _OPEN_MAPS = {("nccl", "efficiency")}
 ROW_KEY = re.compile(r"^[A-Z0-9][A-Z0-9-]*$")
 PCI_ID = re.compile(r"^0x[0-9a-f]{4}$")
 # What a user's row may set: the figures the checks judge by, what it matches, where it is from.
-ROW_FIGURES = ("fp16_dense_tflops", "bf16_dense_tflops", "nvlink_gbps", "pcie_gen")
+ROW_FIGURES = (
+    "fp16_dense_tflops",
+    "bf16_dense_tflops",
+    "nvlink_gbps",
+    "nvlink_links",
+    "pcie_gen",
+)
 ROW_FIELDS = ("names", "pci_ids", *ROW_FIGURES, "source")
 # The scopes of a profile's ``requires``, and the names each may hold.
 NODE_SCOPES = ("gpu_node", "cpu_node")
