@@ -17,7 +17,7 @@ from typing import Any
 from gpuenv.checks.base import Context, NodeInfo, Placement, measurement, module_version
 from gpuenv.checks.ranklog import RankContext
 from gpuenv.checks.thresholds import model_spec
-from gpuenv.floor import pci
+from gpuenv.floor import net, pci
 from gpuenv.floor.pci import normal_bus_id
 from gpuenv.results import Measurement, Result, Status
 
@@ -153,8 +153,18 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def rdma_ports(root: str | os.PathLike[str] | None = None) -> list[str]:
+    """The node's InfiniBand/RoCE ports (``mlx5_0/1``), the node floor's reading."""
+    return [p.name for p in net.rdma_ports(str(root or os.environ.get(ROOT_ENV, "/")))]
+
+
 def rank_main(rank: RankContext) -> dict[str, Any]:
-    return {"probe": probe(), "pci_gpus": pci_gpus(), "versions": library_versions()}
+    return {
+        "probe": probe(),
+        "pci_gpus": pci_gpus(),
+        "rdma_ports": rdma_ports(),
+        "versions": library_versions(),
+    }
 
 
 def node_info(payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo:
@@ -162,8 +172,9 @@ def node_info(payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo:
         return NodeInfo(no_gpu=why or "the system probe gave nothing")
     info = payload["probe"]
     pci = list(payload.get("pci_gpus") or [])
+    rdma = list(payload.get("rdma_ports") or [])
     if not info.get("available"):
-        return NodeInfo(no_gpu=str(info["reason"]), pci_gpus=pci)
+        return NodeInfo(no_gpu=str(info["reason"]), pci_gpus=pci, rdma_ports=rdma)
     gpus = visible(info.get("gpus", []))
     no_gpu = None if gpus else "no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides all)"
     if not info.get("gpus"):
@@ -174,6 +185,7 @@ def node_info(payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo:
         pci_gpus=pci,
         nvml_gpus=len(info.get("gpus", [])),
         visible_spec=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        rdma_ports=rdma,
     )
 
 

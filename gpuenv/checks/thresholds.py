@@ -103,6 +103,10 @@ def _merge(base: Any, override: Any, path: tuple[str, ...], source: str) -> Any:
         if not isinstance(override, list) or not all(_is_number(v) and v > 0 for v in override):
             raise BadInput(f"thresholds file {source}: {where} must be a list of positive numbers")
         return list(override)
+    if isinstance(base, bool):
+        if not isinstance(override, bool):
+            raise BadInput(f"thresholds file {source}: {where} must be true or false")
+        return override
     if _is_number(base):
         if not _is_number(override) or override <= 0:
             raise BadInput(
