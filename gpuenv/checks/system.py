@@ -203,7 +203,8 @@ def early_node(ctx: Context) -> NodeInfo | None:
         return None
     listed_gpus = [{"index": i, "pci_bus_id": normal_bus_id(b)} for i, b in enumerate(buses)]
     gpus = visible(listed_gpus)
-    return NodeInfo(gpus=gpus, no_gpu=None if gpus else "no NVIDIA GPU listed by the driver")
+    no_gpu = None if gpus else "no NVIDIA GPU listed by the driver"
+    return NodeInfo(gpus=gpus, no_gpu=no_gpu, rdma_ports=rdma_ports())
 
 
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:
@@ -221,13 +222,22 @@ def _ranges(numbers: list[int]) -> str:
     return ",".join(parts)
 
 
+def unlinked(gpu: Mapping[str, Any]) -> bool:
+    """NVML answered for no NVLink of this GPU (its first link's state is not supported)."""
+    return int(gpu.get("nvlink_links") or 0) == 0
+
+
 def nvlink_problems(ctx: Context, gpus: list[dict[str, Any]]) -> list[str]:
     """Every GPU with fewer active NVLinks than its model has (``nvlink_links`` of its
     gpu_specs.yaml row) or than its best peer, naming the GPU, the counts and the links down.
-    A GPU whose model has no NVLink on its board and whose peers have none is not judged."""
+    A GPU whose model has no NVLink on its board and whose peers have none is not judged, nor a
+    lone GPU on which NVML reports no link at all (``unlinked``: one GPU passed through to a VM
+    answers "Not Supported", as the lent 1 x H200 does): it has no peer to link to."""
     best_peer = max((int(g.get("nvlink_active") or 0) for g in gpus), default=0)
     found = []
     for g in gpus:
+        if len(gpus) < 2 and unlinked(g):
+            continue
         row = model_spec(ctx.specs, g)
         model_links = int(row.get("nvlink_links") or 0) if row else 0
         want = max(model_links, best_peer)
@@ -353,9 +363,16 @@ def judge(
         )
     subset = node.subset
     notes = ""
+    lone = [g for g in gpus if len(gpus) < 2 and unlinked(g)]
+    row = model_spec(ctx.specs, lone[0]) if lone else None
+    if row and row.get("nvlink_links"):
+        notes += (
+            f"; NVLink not judged: NVML reports no NVLink on the one GPU (its model"
+            f" {row['key']} has {row['nvlink_links']}), which has no peer to link to"
+        )
     if subset:
         asked = "verified as asked (--gpu-subset)" if ctx.gpu_subset else "not asked"
-        notes = f"; {subset} ({asked})"
+        notes += f"; {subset} ({asked})"
         details["subset"] = subset
     return Result(
         NAME,

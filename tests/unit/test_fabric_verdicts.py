@@ -118,3 +118,26 @@ def test_a_subset_asked_for_with_gpu_subset_is_verified_and_says_so(monkeypatch)
 def test_every_gpu_visible_has_no_subset_note(monkeypatch):
     probe, node = _subset_node(monkeypatch, None)
     assert node.subset is None and "visible" not in probe.reason
+
+
+def test_a_lone_gpu_whose_nvlink_nvml_does_not_report_is_not_a_false_alarm():
+    """Seen on the lent 1 x H200 (2026-12-01): NVIDIA H200, PCI id 0x2335, and
+    nvmlDeviceGetNvLinkState(link 0) answers 'Not Supported' (one GPU passed through to a VM)."""
+    lone = {
+        **fixture("nvml-hgx-h100-healthy.json")["probe"]["gpus"][0],
+        "name": "NVIDIA H200",
+        "pci_device_id": "0x2335",
+        "nvlink_links": 0,
+        "nvlink_active": 0,
+        "nvlink_down": [],
+    }
+    payload = {
+        "probe": {"available": True, "driver": "580.159.04", "cuda_driver": "13.0", "gpus": [lone]},
+        "pci_gpus": [lone["pci_bus_id"]],
+        "versions": {},
+    }
+    result, _ = _system(payload)
+    assert result.status is Status.PASS
+    assert "NVLink not judged: NVML reports no NVLink on the one GPU" in result.reason
+    two = [lone, {**lone, "index": 1}]
+    assert system.nvlink_problems(_ctx(), two)[0].startswith("GPU0 (0000:18:00.0) has 0 of 18")
