@@ -14,7 +14,10 @@ one whose needs are met and records why the others did not run. In order:
 6. mpi: ``mpirun`` of plain ``python3`` from the first node over the SSH mesh.
 7. pairs: the node-pair bandwidth matrix (small clusters) and, when the all-node run failed or
    was slow, bad-node isolation by parallel rounds of pairs.
-8. dask (optional: run when asked, ``--with dask`` or a profile that requires it): a
+8. fabric: on nodes with InfiniBand/RoCE ports, the ports' error counters after the multi-node
+   runs against the probe's (``fabric-counters``), and ib_write_bw over every rail between the
+   nodes of a ring, judged at ``fabric.pair_efficiency`` x the port rate (``fabric-pairs``).
+9. dask (optional: run when asked, ``--with dask`` or a profile that requires it): a
    dask.distributed cluster across the nodes, the scheduler on the first, one worker per GPU,
    computing the seed documents' ``(x + x.T).mean(axis=0)`` on CuPy blocks (numpy blocks on
    CPU-only nodes), verified against numpy, and nothing left running on any node.
