@@ -326,37 +326,23 @@ def judge(
     )
     seen = {g.get("pci_bus_id") for g in gpus}
     unseen = [a for a in on_bus if a not in seen]
+    failure = None
     if ctx.expect_gpus is not None and count != ctx.expect_gpus:
-        return Result(
-            NAME,
-            ctx.node,
-            Status.FAIL,
-            reason=f"--expect-gpus {ctx.expect_gpus}, NVML sees {count}: {summary}",
-            measurements=ms,
-            versions=versions,
-            details=details,
-        )
-    if ctx.expect_gpus is None and (unseen or count < expected):
+        failure = f"--expect-gpus {ctx.expect_gpus}, NVML sees {count}: {summary}"
+    elif ctx.expect_gpus is None and (unseen or count < expected):
         missing = ", ".join(unseen) if unseen else f"{expected - count} of them"
-        return Result(
-            NAME,
-            ctx.node,
-            Status.FAIL,
-            reason=(
-                f"the PCI bus shows {expected} NVIDIA GPU(s), NVML sees {count}; not seen by the"
-                f" driver: {missing} ({summary})"
-            ),
-            measurements=ms,
-            versions=versions,
-            details=details,
+        failure = (
+            f"the PCI bus shows {expected} NVIDIA GPU(s), NVML sees {count}; not seen by the"
+            f" driver: {missing} ({summary})"
         )
-    down = nvlink_problems(ctx, gpus)
-    if down:
+    elif down := nvlink_problems(ctx, gpus):
+        failure = f"NVLink down: {'; '.join(down)} ({summary})"
+    if failure:
         return Result(
             NAME,
             ctx.node,
             Status.FAIL,
-            reason=f"NVLink down: {'; '.join(down)} ({summary})",
+            reason=failure,
             measurements=ms,
             versions=versions,
             details=details,
