@@ -102,6 +102,7 @@ class RunVerdict:
     required: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # why it is not OK
     gpu_verified: bool = False
+    gpus_note: str = ""  # "1 of 8 GPUs visible: CUDA_VISIBLE_DEVICES=0" where the run saw fewer
 
     def __post_init__(self) -> None:
         if self.ok and self.problems:
@@ -127,6 +128,7 @@ class RunVerdict:
             required=[str(n) for n in data.get("required", [])],
             problems=[str(p) for p in data.get("problems", [])],
             gpu_verified=bool(data.get("gpu_verified", False)),
+            gpus_note=str(data.get("gpus_note", "")),
         )
 
 

@@ -14,10 +14,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuenv.checks import cupy, dask, ddp, horovod, mpi, nccl, pycuda, streams, system, tensorflow
+from gpuenv.checks import (
+    cupy,
+    dask,
+    ddp,
+    fabric,
+    horovod,
+    mpi,
+    nccl,
+    pycuda,
+    streams,
+    system,
+    tensorflow,
+)
 from gpuenv.checks.base import Check
 
 REGISTRY: Mapping[str, Check] = {
     c.NAME: c  # type: ignore[misc]
-    for c in (system, cupy, streams, nccl, pycuda, mpi, ddp, horovod, tensorflow, dask)
+    for c in (system, cupy, streams, nccl, fabric, pycuda, mpi, ddp, horovod, tensorflow, dask)
 }

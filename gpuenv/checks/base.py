@@ -49,10 +49,23 @@ class NodeInfo:
     gpus: list[dict[str, Any]] = field(default_factory=list)  # visible GPUs, NVML's view
     no_gpu: str | None = None  # why no GPU can be used (None when there are GPUs)
     pci_gpus: list[str] = field(default_factory=list)  # NVIDIA GPUs on the PCI bus (addresses)
+    nvml_gpus: int = 0  # GPUs NVML lists, whatever CUDA_VISIBLE_DEVICES hides
+    visible_spec: str | None = None  # CUDA_VISIBLE_DEVICES as the run saw it (None: unset)
+    rdma_ports: list[str] = field(default_factory=list)  # InfiniBand/RoCE ports (mlx5_0/1)
 
     @property
     def has_gpu(self) -> bool:
         return bool(self.gpus)
+
+    @property
+    def subset(self) -> str | None:
+        """``1 of 8 GPUs visible: CUDA_VISIBLE_DEVICES=0`` when the run sees fewer GPUs than the
+        node has (the PCI bus, or NVML where it lists more); None when it sees them all."""
+        total = max(len(self.pci_gpus), self.nvml_gpus)
+        if not self.gpus or len(self.gpus) >= total:
+            return None
+        spec = "unset" if self.visible_spec is None else repr(self.visible_spec).strip("'")
+        return f"{len(self.gpus)} of {total} GPUs visible: CUDA_VISIBLE_DEVICES={spec}"
 
 
 @dataclass
@@ -66,6 +79,7 @@ class Context:
     specs: dict[str, Any] = field(default_factory=dict)
     deadline_override_s: float | None = None
     strict: bool = False  # a measurement without a threshold FAILs instead of SKIPping
+    gpu_subset: bool = False  # --gpu-subset: the visible GPUs are all the run must verify
 
     def deadline_s(self, check: str) -> float:
         if self.deadline_override_s is not None:

@@ -88,10 +88,13 @@ def busbw_floor(
 ) -> tuple[str, float | None, float, float | None]:
     """The all-reduce busbw a healthy node reaches between its GPUs: (link, link spec GB/s,
     efficiency, floor = spec x efficiency); spec and floor are None where gpu_specs.yaml has no
-    figure. NVLink where every GPU has active NVLinks, else PCIe. Any NCCL all-reduce inside
-    the node is held to it (this check, and horovod over NCCL)."""
-    link = "NVLink" if gpus and all(g.get("nvlink_active") for g in gpus) else "PCIe"
+    figure. NVLink on a model whose board carries NVLink (``nvlink_links`` in its spec row:
+    a GPU with links down is slow, not a PCIe GPU) or where every GPU has active NVLinks,
+    else PCIe. Any NCCL all-reduce inside the node is held to it (this check, and horovod over
+    NCCL)."""
     row = model_spec(ctx.specs, gpus[0]) if gpus else None
+    board = bool(row and row.get("nvlink_links"))
+    link = "NVLink" if gpus and (board or all(g.get("nvlink_active") for g in gpus)) else "PCIe"
     spec = link_spec_gbps(ctx.specs, gpus[0], link) if gpus else None
     eff = nccl_efficiency(ctx.thresholds, row.get("key") if row else None, link)
     return link, spec, eff, spec * eff if spec else None

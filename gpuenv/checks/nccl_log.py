@@ -26,6 +26,17 @@ from gpuenv.floor import net
 
 VERSION_RE = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 VIA_RE = re.compile(r"Channel \d+/\d+ : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\].*? via (\S+)")
+# "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE [RO]; OOB ib0:10.0.0.1<0>": NCCL's NET devices,
+# by the index its channel lines use ("via NET/IB/1", "via NET/IB/1(9)/GDRDMA" with PXN).
+USING_RE = re.compile(r"NET/(IB|Socket) : Using (.*?)(?:;|$)")
+DEVICE_RE = re.compile(r"\[(\d+)\]([^\s\[]+)")
+NET_INDEX_RE = re.compile(r"^NET/(?:IB|Socket)/(\d+)")
+# "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'" (github.com/NVIDIA/nccl/issues/1537),
+# older: "GPU Direct RDMA Disabled for GPU ca000 / HCA 0 (distance 7 > 4)" (issues/1151).
+GDR_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for (?:GPU \S+ / )?HCA (\d+)(.*)")
+# "NCCL_SOCKET_IFNAME set by environment to bond0" (github.com/NVIDIA/nccl/issues/1814); the
+# values of /etc/nccl.conf are reported the same way (NCCL sets them in its environment).
+SETTING_RE = re.compile(r"(NCCL_[A-Z0-9_]+) set by environment to (.*)$")
 
 # Transport families, from the first words after "via".
 P2P, SHM, NET_IB, NET_SOCKET, NET_OTHER, COLLNET, NVLS = (
@@ -68,6 +79,15 @@ class Transports:
     families: dict[str, int] = field(default_factory=dict)  # family -> connections
     gdrdma: bool = False  # a NET/IB connection with GPUDirect RDMA
     samples: list[str] = field(default_factory=list)  # one line per family, as evidence
+    net_devices: dict[str, str] = field(default_factory=dict)  # "0" -> "mlx5_0:1/IB"
+    net_used: list[int] = field(default_factory=list)  # NET device indexes channels went over
+    gdr_lines: list[str] = field(default_factory=list)  # NCCL's GPU Direct RDMA verdicts
+    settings: dict[str, str] = field(default_factory=dict)  # NCCL_X -> value NCCL loaded
+
+    def used_devices(self) -> list[str]:
+        """The NET devices (``mlx5_0:1``) NCCL's channels used, without the link layer."""
+        named = [self.net_devices.get(str(i), f"NET device {i}") for i in self.net_used]
+        return sorted({d.split("/")[0] for d in named})
 
     @property
     def seen(self) -> bool:
@@ -86,7 +106,31 @@ class Transports:
             "families": dict(self.families),
             "gdrdma": self.gdrdma,
             "evidence": list(self.samples),
+            "net_devices": dict(self.net_devices),
+            "net_used": list(self.net_used),
+            "gdr_lines": list(self.gdr_lines),
+            "settings": dict(self.settings),
         }
+
+
+def _setup_line(out: Transports, line: str) -> bool:
+    """NCCL's setup lines (NET devices, GPU Direct RDMA, settings); True when one was read."""
+    m = USING_RE.search(line)
+    if m:
+        if m.group(1) == "IB" or not out.net_devices:
+            out.net_devices = {i: d for i, d in DEVICE_RE.findall(m.group(2))}
+        return True
+    m = GDR_RE.search(line)
+    if m:
+        said = f"GPU Direct RDMA {m.group(1)} for HCA {m.group(2)}{m.group(3).rstrip()}"
+        if said not in out.gdr_lines:
+            out.gdr_lines.append(said)
+        return True
+    m = SETTING_RE.search(line)
+    if m:
+        out.settings.setdefault(m.group(1), m.group(2).strip().rstrip("."))
+        return True
+    return False
 
 
 def parse(lines: Iterable[str]) -> Transports:
@@ -99,6 +143,7 @@ def parse(lines: Iterable[str]) -> Transports:
                 continue
         m = VIA_RE.search(line)
         if not m:
+            _setup_line(out, line)
             continue
         via = m.group(3)
         fam = family(via)
@@ -107,6 +152,9 @@ def parse(lines: Iterable[str]) -> Transports:
         out.families[fam] = out.families.get(fam, 0) + 1
         if fam == NET_IB and "GDRDMA" in via:
             out.gdrdma = True
+        index = NET_INDEX_RE.match(via)
+        if index and int(index.group(1)) not in out.net_used:
+            out.net_used = sorted([*out.net_used, int(index.group(1))])
     return out
 
 
@@ -128,6 +176,12 @@ def merge(posted: Iterable[Mapping[str, Any]]) -> Transports:
             out.families[fam] = out.families.get(fam, 0) + int(n)
         out.gdrdma = out.gdrdma or bool(t.get("gdrdma"))
         out.samples += [e for e in t.get("evidence", []) if e not in out.samples]
+        # The processes of one node list the same NET devices; indexes are theirs.
+        out.net_devices = out.net_devices or dict(t.get("net_devices", {}))
+        out.net_used = sorted({*out.net_used, *(int(i) for i in t.get("net_used", []))})
+        out.gdr_lines += [g for g in t.get("gdr_lines", []) if g not in out.gdr_lines]
+        for key, value in dict(t.get("settings", {})).items():
+            out.settings.setdefault(key, value)
     return out
 
 
@@ -151,17 +205,18 @@ def intra_node_problems(t: Transports, nvlink: bool) -> list[str]:
 
 
 def inter_node_problems(t: Transports, active_ib_ports: Mapping[str, list[str]]) -> list[str]:
-    """Across nodes: where every node has an active InfiniBand/RoCE port, NET/IB is expected.
+    """Across nodes, where the nodes' rails are not known port by port (gpuenv.checks.fabric
+    judges those): when any node has an active InfiniBand/RoCE port, NET/Socket is a fallback.
 
     ``active_ib_ports``: node -> its active ports (``mlx5_0/1``), from /sys/class/infiniband.
     """
     if not t.seen:
         return ["NCCL's log shows no connection (NCCL_DEBUG=INFO lines missing): transport unknown"]
     with_ib = [n for n, ports in active_ib_ports.items() if ports]
-    if with_ib and len(with_ib) == len(active_ib_ports) and NET_SOCKET in t.families:
-        ports = ", ".join(f"{n}: {p[0]}" for n, p in active_ib_ports.items())
+    if with_ib and NET_SOCKET in t.families:
+        ports = ", ".join(f"{n}: {active_ib_ports[n][0]}" for n in with_ib)
         return [
-            f"NCCL fell back to TCP sockets ({t.summary()}) although every node has an active"
+            f"NCCL fell back to TCP sockets ({t.summary()}) although nodes have an active"
             f" InfiniBand/RoCE port ({ports});"
             " look for NCCL_IB_DISABLE=1, a missing libibverbs/rdma-core, or NCCL_NET"
         ]

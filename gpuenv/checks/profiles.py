@@ -58,14 +58,18 @@ def with_probe(registry: Mapping[str, Check], names: Sequence[str]) -> list[str]
 
 
 def gpu_proof(
-    node: NodeInfo, results: Sequence[Result], registry: Mapping[str, Check]
+    node: NodeInfo,
+    results: Sequence[Result],
+    registry: Mapping[str, Check],
+    gpu_subset: bool = False,
 ) -> str | None:
     """Why the GPUs of a GPU node were not verified by this run; None when they were.
 
     ``--only`` (and ``--expect-gpus``) narrow what runs, never what a GPU node must prove: the
     probe PASSed (the driver sees every GPU the bus shows, or ``--expect-gpus`` says), and a check
     that runs one rank on every visible GPU (GPU placement) PASSed. NVML listing a GPU is not the
-    GPU computing.
+    GPU computing. A run that sees fewer GPUs than the node has (``CUDA_VISIBLE_DEVICES``) has
+    not verified the node's GPUs, unless the user asked for that subset (``--gpu-subset``).
     """
     by_name = {r.check: r for r in results}
     probe = next((n for n, c in registry.items() if c.PLACEMENT is Placement.PROBE), None)
@@ -76,6 +80,11 @@ def gpu_proof(
         return (
             f"GPU node ({_node_words(node)}): GPUs not verified:"
             f" {probe} {seen.status.value}: {seen.reason}"
+        )
+    if node.subset and not gpu_subset:
+        return (
+            f"GPU node ({_node_words(node)}): GPUs not verified: {node.subset}; the others were"
+            " never exercised (give --gpu-subset to verify only the visible ones)"
         )
     on_gpus = [n for n, c in registry.items() if c.PLACEMENT is Placement.GPU]
     if any(by_name[n].status is Status.PASS for n in on_gpus if n in by_name):
@@ -95,6 +104,7 @@ def assess(
     results: Sequence[Result],
     registry: Mapping[str, Check],
     expect_gpus: int | None = None,
+    gpu_subset: bool = False,
 ) -> RunVerdict:
     """Apply the rules to one node's results."""
     # The user's count wins over what the bus shows (a lab container sees its host's bus).
@@ -123,7 +133,9 @@ def assess(
                 problems.append(f"required check {name} did not run: {result.reason}")
     if not any(r.status is Status.PASS for r in results):
         problems.append("nothing was verified: no check passed")
-    unverified = gpu_proof(node, results, registry) if node.gpus or gpu_node else "no GPU"
+    unverified = (
+        gpu_proof(node, results, registry, gpu_subset) if node.gpus or gpu_node else "no GPU"
+    )
     if gpu_node and unverified and not any(unverified.endswith(p) for p in problems):
         problems.append(unverified)
     gpu_verified = bool(node.gpus) and unverified is None
@@ -134,6 +146,7 @@ def assess(
         required=required,
         problems=problems,
         gpu_verified=gpu_verified,
+        gpus_note=node.subset or "",
     )
 
 

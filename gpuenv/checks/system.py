@@ -16,7 +16,8 @@ from typing import Any
 
 from gpuenv.checks.base import Context, NodeInfo, Placement, measurement, module_version
 from gpuenv.checks.ranklog import RankContext
-from gpuenv.floor import pci
+from gpuenv.checks.thresholds import model_spec
+from gpuenv.floor import net, pci
 from gpuenv.floor.pci import normal_bus_id
 from gpuenv.results import Measurement, Result, Status
 
@@ -100,6 +101,7 @@ def probe() -> dict[str, Any]:
                     "pcie_max_width": _call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
                     "nvlink_links": len(links),
                     "nvlink_active": sum(links),
+                    "nvlink_down": [n for n, up in enumerate(links) if not up],
                 }
             )
         return info
@@ -151,8 +153,18 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def rdma_ports(root: str | os.PathLike[str] | None = None) -> list[str]:
+    """The node's InfiniBand/RoCE ports (``mlx5_0/1``), the node floor's reading."""
+    return [p.name for p in net.rdma_ports(str(root or os.environ.get(ROOT_ENV, "/")))]
+
+
 def rank_main(rank: RankContext) -> dict[str, Any]:
-    return {"probe": probe(), "pci_gpus": pci_gpus(), "versions": library_versions()}
+    return {
+        "probe": probe(),
+        "pci_gpus": pci_gpus(),
+        "rdma_ports": rdma_ports(),
+        "versions": library_versions(),
+    }
 
 
 def node_info(payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo:
@@ -160,13 +172,21 @@ def node_info(payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo:
         return NodeInfo(no_gpu=why or "the system probe gave nothing")
     info = payload["probe"]
     pci = list(payload.get("pci_gpus") or [])
+    rdma = list(payload.get("rdma_ports") or [])
     if not info.get("available"):
-        return NodeInfo(no_gpu=str(info["reason"]), pci_gpus=pci)
+        return NodeInfo(no_gpu=str(info["reason"]), pci_gpus=pci, rdma_ports=rdma)
     gpus = visible(info.get("gpus", []))
     no_gpu = None if gpus else "no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides all)"
     if not info.get("gpus"):
         no_gpu = f"no NVIDIA GPU visible (NVML sees none, driver {info.get('driver')})"
-    return NodeInfo(gpus=gpus, no_gpu=no_gpu, pci_gpus=pci)
+    return NodeInfo(
+        gpus=gpus,
+        no_gpu=no_gpu,
+        pci_gpus=pci,
+        nvml_gpus=len(info.get("gpus", [])),
+        visible_spec=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        rdma_ports=rdma,
+    )
 
 
 def early_node(ctx: Context) -> NodeInfo | None:
@@ -183,11 +203,60 @@ def early_node(ctx: Context) -> NodeInfo | None:
         return None
     listed_gpus = [{"index": i, "pci_bus_id": normal_bus_id(b)} for i, b in enumerate(buses)]
     gpus = visible(listed_gpus)
-    return NodeInfo(gpus=gpus, no_gpu=None if gpus else "no NVIDIA GPU listed by the driver")
+    no_gpu = None if gpus else "no NVIDIA GPU listed by the driver"
+    return NodeInfo(gpus=gpus, no_gpu=no_gpu, rdma_ports=rdma_ports())
 
 
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:
     return None
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> ``0-2,5``: the links of a GPU, as nvidia-smi numbers them."""
+    parts: list[str] = []
+    for n in sorted(numbers):
+        if parts and parts[-1].split("-")[-1] == str(n - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
+        else:
+            parts.append(str(n))
+    return ",".join(parts)
+
+
+def unlinked(gpu: Mapping[str, Any]) -> bool:
+    """NVML answered for no NVLink of this GPU (its first link's state is not supported)."""
+    return int(gpu.get("nvlink_links") or 0) == 0
+
+
+def nvlink_problems(ctx: Context, gpus: list[dict[str, Any]]) -> list[str]:
+    """Every GPU with fewer active NVLinks than its model has (``nvlink_links`` of its
+    gpu_specs.yaml row) or than its best peer, naming the GPU, the counts and the links down.
+    A GPU whose model has no NVLink on its board and whose peers have none is not judged, nor a
+    lone GPU on which NVML reports no link at all (``unlinked``: one GPU passed through to a VM
+    answers "Not Supported", as the lent 1 x H200 does): it has no peer to link to."""
+    best_peer = max((int(g.get("nvlink_active") or 0) for g in gpus), default=0)
+    found = []
+    for g in gpus:
+        if len(gpus) < 2 and unlinked(g):
+            continue
+        row = model_spec(ctx.specs, g)
+        model_links = int(row.get("nvlink_links") or 0) if row else 0
+        want = max(model_links, best_peer)
+        active = int(g.get("nvlink_active") or 0)
+        if active >= want:
+            continue
+        why = (
+            f"its model {row['key']} has {model_links}"
+            if row and model_links >= best_peer
+            else f"its peers have {best_peer}"
+        )
+        down = _ranges(list(g.get("nvlink_down") or []))
+        if not down and int(g.get("nvlink_links") or 0) < want:
+            down = f"NVML answers for {int(g.get('nvlink_links') or 0)} links only"
+        found.append(
+            f"GPU{g['index']} ({g.get('pci_bus_id') or '?'}) has {active} of {want} NVLinks"
+            f" active ({why}); links down: {down or 'not listed by NVML'}"
+        )
+    return found
 
 
 def world(ctx: Context, node: NodeInfo) -> int:
@@ -257,36 +326,40 @@ def judge(
     )
     seen = {g.get("pci_bus_id") for g in gpus}
     unseen = [a for a in on_bus if a not in seen]
+    failure = None
     if ctx.expect_gpus is not None and count != ctx.expect_gpus:
-        return Result(
-            NAME,
-            ctx.node,
-            Status.FAIL,
-            reason=f"--expect-gpus {ctx.expect_gpus}, NVML sees {count}: {summary}",
-            measurements=ms,
-            versions=versions,
-            details=details,
-        )
-    if ctx.expect_gpus is None and (unseen or count < expected):
+        failure = f"--expect-gpus {ctx.expect_gpus}, NVML sees {count}: {summary}"
+    elif ctx.expect_gpus is None and (unseen or count < expected):
         missing = ", ".join(unseen) if unseen else f"{expected - count} of them"
+        failure = (
+            f"the PCI bus shows {expected} NVIDIA GPU(s), NVML sees {count}; not seen by the"
+            f" driver: {missing} ({summary})"
+        )
+    elif down := nvlink_problems(ctx, gpus):
+        failure = f"NVLink down: {'; '.join(down)} ({summary})"
+    if failure:
         return Result(
             NAME,
             ctx.node,
             Status.FAIL,
-            reason=(
-                f"the PCI bus shows {expected} NVIDIA GPU(s), NVML sees {count}; not seen by the"
-                f" driver: {missing} ({summary})"
-            ),
+            reason=failure,
             measurements=ms,
             versions=versions,
             details=details,
         )
-    down = [
-        f"GPU{g['index']}: {g['nvlink_links'] - g['nvlink_active']} of {g['nvlink_links']} down"
-        for g in gpus
-        if 0 < g["nvlink_active"] < g["nvlink_links"]
-    ]
-    notes = f"; NVLink links down: {', '.join(down)}" if down else ""
+    subset = node.subset
+    notes = ""
+    lone = [g for g in gpus if len(gpus) < 2 and unlinked(g)]
+    row = model_spec(ctx.specs, lone[0]) if lone else None
+    if row and row.get("nvlink_links"):
+        notes += (
+            f"; NVLink not judged: NVML reports no NVLink on the one GPU (its model"
+            f" {row['key']} has {row['nvlink_links']}), which has no peer to link to"
+        )
+    if subset:
+        asked = "verified as asked (--gpu-subset)" if ctx.gpu_subset else "not asked"
+        notes += f"; {subset} ({asked})"
+        details["subset"] = subset
     return Result(
         NAME,
         ctx.node,

@@ -26,7 +26,13 @@ _OPEN_MAPS = {("nccl", "efficiency")}
 ROW_KEY = re.compile(r"^[A-Z0-9][A-Z0-9-]*$")
 PCI_ID = re.compile(r"^0x[0-9a-f]{4}$")
 # What a user's row may set: the figures the checks judge by, what it matches, where it is from.
-ROW_FIGURES = ("fp16_dense_tflops", "bf16_dense_tflops", "nvlink_gbps", "pcie_gen")
+ROW_FIGURES = (
+    "fp16_dense_tflops",
+    "bf16_dense_tflops",
+    "nvlink_gbps",
+    "nvlink_links",
+    "pcie_gen",
+)
 ROW_FIELDS = ("names", "pci_ids", *ROW_FIGURES, "source")
 # The scopes of a profile's ``requires``, and the names each may hold.
 NODE_SCOPES = ("gpu_node", "cpu_node")
@@ -97,6 +103,10 @@ def _merge(base: Any, override: Any, path: tuple[str, ...], source: str) -> Any:
         if not isinstance(override, list) or not all(_is_number(v) and v > 0 for v in override):
             raise BadInput(f"thresholds file {source}: {where} must be a list of positive numbers")
         return list(override)
+    if isinstance(base, bool):
+        if not isinstance(override, bool):
+            raise BadInput(f"thresholds file {source}: {where} must be true or false")
+        return override
     if _is_number(base):
         if not _is_number(override) or override <= 0:
             raise BadInput(

@@ -78,6 +78,12 @@ def _options(p: argparse.ArgumentParser) -> None:
         help="fail `system` unless NVML sees exactly N GPUs (default: what the PCI bus shows)",
     )
     p.add_argument(
+        "--gpu-subset",
+        action="store_true",
+        help="verify only the GPUs CUDA_VISIBLE_DEVICES shows (default: a run that sees fewer"
+        " GPUs than the node has is not 'GPUs verified')",
+    )
+    p.add_argument(
         "--strict",
         action="store_true",
         help="a measurement without a threshold FAILs (default: SKIP naming what is missing)",
@@ -144,6 +150,11 @@ def handler(args: argparse.Namespace) -> int:
     output_target("--json", args.json, stdout_ok=True)
     output_target("--junit", args.junit)
     visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if args.gpu_subset and os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+        raise BadInput(
+            "--gpu-subset: CUDA_VISIBLE_DEVICES is not set, so every GPU is visible and there"
+            " is no subset to accept; set it to the GPUs to verify, or leave --gpu-subset out"
+        )
     node = args.node or socket.gethostname().split(".")[0]
     ctx = Context(
         node=node,
@@ -153,6 +164,7 @@ def handler(args: argparse.Namespace) -> int:
         specs=load_specs(thresholds.get("gpu_specs")),
         deadline_override_s=args.deadline,
         strict=args.strict,
+        gpu_subset=args.gpu_subset,
     )
     report = run(ctx, names, args.json == "-")
     if args.json:
@@ -186,7 +198,13 @@ def run(ctx: Any, names: list[str], json_on_stdout: bool) -> Any:
         done = run_checks(REGISTRY, ctx, names, table)
     wall_s = time.monotonic() - began_at
     verdict = assess(
-        ctx.thresholds, ctx.profile, done.node, done.results, REGISTRY, ctx.expect_gpus
+        ctx.thresholds,
+        ctx.profile,
+        done.node,
+        done.results,
+        REGISTRY,
+        ctx.expect_gpus,
+        ctx.gpu_subset,
     )
     report = RunReport(
         node=ctx.node,

@@ -143,6 +143,12 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="a thresholds file (docs/checks.md): checked here, judged by here and on the nodes",
     )
+    p.add_argument(
+        "--no-gdr-required",
+        action="store_true",
+        help="do not require GPUDirect RDMA where GPUs talk over InfiniBand/RoCE (default: the"
+        " thresholds' fabric.gdr_required, true)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=handler)
 
@@ -238,6 +244,8 @@ def handler(args: argparse.Namespace) -> int:
         matrix_max_nodes=args.matrix_max_nodes,
         max_loss_ratio=float(thresholds["ddp"]["max_loss_ratio"]),  # the node check's own
         stages=stages,
+        gdr_required=False if args.no_gdr_required else bool(thresholds["fabric"]["gdr_required"]),
+        pair_efficiency=float(thresholds["fabric"]["pair_efficiency"]),
     )
     report = _run(opts, hosts, args.profile, thresholds, out, not args.no_progress)
     _write_reports(report, args, out)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuenv.checks import dask as dask_check
-from gpuenv.checks import nccl_log
+from gpuenv.checks import fabric, nccl_log
 from gpuenv.cluster import pairs
 from gpuenv.cluster.defaults import MIB
 from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
@@ -79,26 +79,64 @@ class Bandwidth:
     active_ib: Mapping[str, list[str]]  # node -> its active InfiniBand/RoCE ports
     min_busbw: float | None  # --min-busbw
     size: int  # bytes of the largest all-reduce
+    # node -> its fabric (ports, settings, GDR facts), where the probe read it
+    nodes: Mapping[str, fabric.NodeFabric] = field(default_factory=dict)
+    # node -> what NCCL's log said there (every local rank's log together)
+    per_node: Mapping[str, nccl_log.Transports] = field(default_factory=dict)
+    gpu_nodes: frozenset[str] = frozenset()  # nodes whose ranks ran on GPUs
+    gdr_required: bool = True  # thresholds.yaml fabric.gdr_required / --no-gdr-required
+
+
+def _fabric_problems(bw: Bandwidth) -> list[str]:
+    """The rules of the rails across nodes (gpuenv.checks.fabric): no socket fallback where a
+    node has rails, every active rail used, GPUDirect RDMA where GPUs talk over IB/RoCE."""
+    if not bw.nodes:
+        return nccl_log.inter_node_problems(bw.transports, bw.active_ib)
+    if not bw.transports.seen:
+        return ["NCCL's log shows no connection (NCCL_DEBUG=INFO lines missing): transport unknown"]
+    found = fabric.fallback_problems(bw.nodes, bw.transports)
+    found += fabric.rail_use_problems(bw.nodes, bw.per_node)
+    if bw.gdr_required:
+        for name, node in sorted(bw.nodes.items()):
+            t = bw.per_node.get(name, nccl_log.Transports())
+            found += fabric.gdr_problems(name, node, t, name in bw.gpu_nodes)
+    return found
+
+
+def _derived_floor(bw: Bandwidth, link: float | None) -> tuple[float | None, str]:
+    """The floor from what NCCL used: the rails of every node (``fabric.rails_floor``) over
+    IB/RoCE, else the slowest node's link for the transport."""
+    if nccl_log.NET_IB in bw.transports.families and bw.nodes:
+        floor, source = fabric.rails_floor(bw.nodes, bw.per_node)
+        if floor is not None:
+            return floor, source
+        why = f"; rails unknown: {source}"
+    else:
+        why = ""
+    floor = nccl_log.floor_gbps(bw.transports, link)
+    return floor, f"{bw.transports.summary()} on {link} GB/s links{why}" if floor else ""
 
 
 def busbw(bw: Bandwidth) -> tuple[Result, float | None]:
     """The all-node bandwidth against a floor, and that floor: --min-busbw, else derived from the
-    transport NCCL used and the nodes' links. No floor: SKIP naming what is missing."""
+    transport NCCL used and the rails it used (docs/cluster.md, "The cross-node floor"). No
+    floor: SKIP naming what is missing."""
     largest = [s[-1]["busbw_gbps"] for s in bw.sweeps.values() if s]
     value = min(largest) if largest else 0.0
     nccl = bw.backend == "nccl"
     details: dict[str, Any] = {"transport": bw.transports.to_dict(), "backend": bw.backend}
-    problems = nccl_log.inter_node_problems(bw.transports, bw.active_ib) if nccl else []
+    problems = _fabric_problems(bw) if nccl else []
     link = bw.link_gbps if nccl else None
     floor, source = bw.min_busbw, "--min-busbw"
     if floor is None and nccl:
-        floor = nccl_log.floor_gbps(bw.transports, link)
-        source = f"{bw.transports.summary()} on {link} GB/s links" if floor else ""
+        floor, source = _derived_floor(bw, link)
     details.update(floor_gbps=floor, floor_from=source, link_gbps=link)
     size = _mib(bw.size)
     m = Measurement("busbw", round(value, 3), "GB/s", floor, "min" if floor is not None else None)
     if floor is not None and value < floor:
         problems.append(f"busbw {value:.2f} GB/s at {size} < {floor:.2f} GB/s ({source})")
+    if nccl and nccl_log.NET_IB in bw.transports.families and largest:
+        problems += fabric.one_rail_problems(bw.nodes, value)
     if problems:
         return Result("busbw", CLUSTER_NODE, Status.FAIL, "; ".join(problems), [m],
                       details=details), floor  # fmt: skip
@@ -263,3 +301,74 @@ def dask(run: DaskRun) -> Result:
         ms, versions={"dask": client["dask"], "distributed": client["distributed"]},
         duration_s=run.duration_s, details=details,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------- the fabric stage
+
+
+def fabric_counters(
+    before: Mapping[str, Mapping[str, Mapping[str, int]]],
+    after: Mapping[str, Mapping[str, Mapping[str, int]] | str],
+    duration_s: float,
+) -> Result:
+    """Every node's port error counters before the multi-node runs and after them: a counter
+    that grew FAILs naming node and port; a node that did not answer the second read FAILs."""
+    found: list[str] = []
+    for name, now in sorted(after.items()):
+        if isinstance(now, str):
+            found.append(f"{name}: counters not read after the runs: {now}")
+            continue
+        found += [f"{name} {p}" for p in fabric.counter_problems(before.get(name, {}), now)]
+    ports = sum(len(v) for v in before.values())
+    ms = [Measurement("ports", ports)]
+    if found:
+        return Result("fabric-counters", CLUSTER_NODE, Status.FAIL, "; ".join(found), ms,
+                      duration_s=duration_s)  # fmt: skip
+    return Result("fabric-counters", CLUSTER_NODE, Status.PASS,
+                  f"no error counter grew on {ports} port(s) of {len(after)} node(s) during the"
+                  " multi-node runs", ms, duration_s=duration_s)  # fmt: skip
+
+
+@dataclass
+class RailRun:
+    """One ib_write_bw run between two nodes over one rail."""
+
+    client: str
+    server: str
+    rail: str  # mlx5_0:1 (the client's device and port)
+    rate_gbps: float | None  # the slower end's port rate, GB/s
+    output: str  # the client's ib_write_bw output (or why there is none)
+    cuda: bool  # --use_cuda: GPU memory at both ends (GPUDirect RDMA)
+
+
+def fabric_pairs(runs: Sequence[RailRun], efficiency: float, duration_s: float) -> Result:
+    """Every rail between paired nodes at >= ``efficiency`` x the port rate (perftest's
+    ib_write_bw average); a run without a summary FAILs naming the pair and rail."""
+    found, ms, judged = [], [], 0
+    for run in runs:
+        where = f"{run.client} -> {run.server} over {run.rail}"
+        got = fabric.parse_ib_write_bw(run.output)
+        if got is None:
+            tail = " ".join(run.output.strip().splitlines()[-2:])[-200:]
+            found.append(f"{where}: ib_write_bw gave no result ({tail or 'no output'})")
+            continue
+        mark = efficiency * run.rate_gbps if run.rate_gbps else None
+        name = f"{run.client}-{run.server}.{run.rail}"
+        ms.append(Measurement(name, round(got["average_gbps"], 2), "GB/s", mark,
+                              "min" if mark else None))  # fmt: skip
+        if mark is None:
+            found.append(f"{where}: port rate unknown, {got['average_gbps']:.1f} GB/s not judged")
+        elif got["average_gbps"] < mark:
+            found.append(
+                f"{where}: {got['average_gbps']:.1f} GB/s < {efficiency:g} x {run.rate_gbps:g} GB/s"
+                f" port rate{' (GPU memory)' if run.cuda else ''}"
+            )
+        else:
+            judged += 1
+    if found:
+        return Result("fabric-pairs", CLUSTER_NODE, Status.FAIL, "; ".join(found), ms,
+                      duration_s=duration_s)  # fmt: skip
+    memory = "GPU memory (--use_cuda)" if runs and all(r.cuda for r in runs) else "host memory"
+    return Result("fabric-pairs", CLUSTER_NODE, Status.PASS,
+                  f"{judged} rail run(s) by ib_write_bw, {memory}: each >= {efficiency:g} x its"
+                  " port rate", ms, duration_s=duration_s)  # fmt: skip

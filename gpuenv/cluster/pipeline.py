@@ -14,7 +14,10 @@ one whose needs are met and records why the others did not run. In order:
 6. mpi: ``mpirun`` of plain ``python3`` from the first node over the SSH mesh.
 7. pairs: the node-pair bandwidth matrix (small clusters) and, when the all-node run failed or
    was slow, bad-node isolation by parallel rounds of pairs.
-8. dask (optional: run when asked, ``--with dask`` or a profile that requires it): a
+8. fabric: on nodes with InfiniBand/RoCE ports, the ports' error counters after the multi-node
+   runs against the probe's (``fabric-counters``), and ib_write_bw over every rail between the
+   nodes of a ring, judged at ``fabric.pair_efficiency`` x the port rate (``fabric-pairs``).
+9. dask (optional: run when asked, ``--with dask`` or a profile that requires it): a
    dask.distributed cluster across the nodes, the scheduler on the first, one worker per GPU,
    computing the seed documents' ``(x + x.T).mean(axis=0)`` on CuPy blocks (numpy blocks on
    CPU-only nodes), verified against numpy, and nothing left running on any node.
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuenv.checks import ddp as ddp_check
+from gpuenv.checks import fabric as fabric_check
 from gpuenv.checks import nccl_log
 from gpuenv.cluster import consistency, judge, launch, pairs, preflight
 from gpuenv.cluster.defaults import (
@@ -49,6 +53,7 @@ from gpuenv.cluster.defaults import (
 )
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
+from gpuenv.floor import net
 from gpuenv.progress import Progress, Silent
 from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunReport, Status
 
@@ -81,6 +86,8 @@ class Options:
     max_loss_ratio: float | None = None
     stages: tuple[str, ...] = ()  # empty: every stage that is not optional
     dask_size: tuple[int, int] = (4096, 1024)  # n and chunk of the dask stage's x (n x n)
+    gdr_required: bool | None = None  # None: thresholds.yaml fabric.gdr_required
+    pair_efficiency: float | None = None  # None: thresholds.yaml fabric.pair_efficiency
     progress: Progress = field(default_factory=Silent)
 
 
@@ -230,6 +237,31 @@ def _active_ib(state: State) -> dict[str, list[str]]:
     }
 
 
+def _node_fabrics(state: State) -> dict[str, fabric_check.NodeFabric]:
+    """Every answering node's fabric as the probe read it (nodes without IB/RoCE ports included:
+    the rules say what a node without rails may do); empty where a probe did not read it."""
+    found = {}
+    for h in state.alive:
+        node = fabric_check.from_links(state.probes.get(h.name, {}).get("links", {}))
+        if node is None:
+            return {}
+        found[h.name] = node
+    return found
+
+
+def _fabric_thresholds(opts: Options) -> tuple[bool, float]:
+    """(GPUDirect RDMA required, the pair test's share of the port rate): Options, else
+    thresholds.yaml's ``fabric`` section."""
+    from gpuenv.checks.thresholds import load_thresholds
+
+    if opts.gdr_required is not None and opts.pair_efficiency is not None:
+        return opts.gdr_required, opts.pair_efficiency
+    shipped = load_thresholds()["fabric"]
+    required = opts.gdr_required if opts.gdr_required is not None else shipped["gdr_required"]
+    share = opts.pair_efficiency or shipped["pair_efficiency"]
+    return bool(required), float(share)
+
+
 def _max_loss_ratio(opts: Options) -> float:
     if opts.max_loss_ratio is not None:
         return opts.max_loss_ratio
@@ -259,6 +291,8 @@ def torch_stage(state: State) -> None:
     ddp_bad: dict[str, str] = {}
     backend = "?"
     posted: list[Mapping[str, Any]] = []
+    per_node: dict[str, nccl_log.Transports] = {}
+    gpu_nodes: set[str] = set()
     first: dict[str, Any] = {}
     for name, out in outcomes.items():
         got = [p for p in launch.payloads(out) if p.get("kind") == "torch"]
@@ -272,6 +306,9 @@ def torch_stage(state: State) -> None:
         if not all(s.get("correct") for s in p.get("sweep", [])):
             bad[name] = "all-reduce gave wrong values"
         posted.append(p.get("transport") or {})
+        per_node[name] = nccl_log.merge([p.get("transport") or {}])
+        if p.get("backend") == "nccl":
+            gpu_nodes.add(name)
         found = ddp_check.problems(p.get("ddp", {}), max_loss_ratio)
         if found:
             ddp_bad[name] = "; ".join(found)
@@ -284,9 +321,12 @@ def torch_stage(state: State) -> None:
         return
     state.add(judge.allreduce(world, len(hosts), backend, opts.sizes, details, duration_s))
     transports = nccl_log.merge(posted)
+    gdr_required, _ = _fabric_thresholds(opts)
     busbw, floor = judge.busbw(
         judge.Bandwidth(state.report.sweeps, backend, transports, _link_gbps(state, transports),
-                        _active_ib(state), opts.min_busbw, opts.sizes[-1])
+                        _active_ib(state), opts.min_busbw, opts.sizes[-1],
+                        nodes=_node_fabrics(state), per_node=per_node,
+                        gpu_nodes=frozenset(gpu_nodes), gdr_required=gdr_required)
     )  # fmt: skip
     state.report.thresholds["busbw_floor_gbps"] = floor
     if busbw.status is Status.FAIL:
@@ -443,6 +483,130 @@ def dask_stage(state: State) -> None:
     )))  # fmt: skip
 
 
+# ---------------------------------------------------------------- the fabric
+
+# perftest's run over one rail: its out-of-band TCP port (one per rail), its length, its
+# deadline, and the pause that lets the server listen before its client connects.
+PERFTEST_PORT = 18515
+PERFTEST_RUN_S = 3
+PERFTEST_DEADLINE_S = 20
+PERFTEST_START_S = 1
+
+
+def _rail_pairs(
+    state: State, nodes: Mapping[str, fabric_check.NodeFabric]
+) -> list[tuple[Host, Host, list[tuple[net.Port, net.Port]]]]:
+    """The ring of node pairs (each node the client of the next), each with its active rails
+    matched in name order (the client's first rail to the server's first)."""
+    hosts = [h for h in state.alive if nodes.get(h.name) and nodes[h.name].active_rails]
+    pairs_ = []
+    for i, client in enumerate(hosts):
+        server = hosts[(i + 1) % len(hosts)]
+        if server is client or (len(hosts) == 2 and i == 1):
+            continue
+        mine = sorted(nodes[client.name].active_rails, key=lambda p: p.name)
+        theirs = sorted(nodes[server.name].active_rails, key=lambda p: p.name)
+        # As many runs as the node with fewer rails has.
+        pairs_.append((client, server, list(zip(mine, theirs, strict=False))))
+    return pairs_
+
+
+def _perftest(port: net.Port, tcp_port: int, gid: str | None, cuda: bool) -> list[str]:
+    argv = ["timeout", str(PERFTEST_DEADLINE_S), "ib_write_bw", "-d", port.device, "-i",
+            port.port, "-p", str(tcp_port), "--report_gbits", "-F",
+            "-D", str(PERFTEST_RUN_S)]  # fmt: skip
+    if gid:
+        argv += ["-x", gid]
+    if cuda:
+        argv.append("--use_cuda=0")
+    return argv
+
+
+def fabric_stage(state: State) -> None:
+    """Port error counters after the multi-node runs against the probe's, and ib_write_bw over
+    every rail between paired nodes (GPU memory where GPUDirect RDMA is possible)."""
+    began_at = time.monotonic()
+    nodes = _node_fabrics(state)
+    with_ports = [h for h in state.alive if nodes.get(h.name) and nodes[h.name].ports]
+    if not with_ports:
+        why = "no InfiniBand/RoCE port on any node" if nodes else "the probe read no fabric"
+        state.add(judge.skip("fabric-counters", why))
+        state.add(judge.skip("fabric-pairs", why))
+        return
+    read = state.fan_out(
+        with_ports,
+        lambda h: launch.as_user(
+            h, shlex.join([h.python, "-m", "gpuenv.cluster.probe", "counters"])
+        ),
+        "port counters",
+        deadline_s=state.opts.probe_deadline_s,
+    )
+    after: dict[str, Mapping[str, Mapping[str, int]] | str] = {}
+    for name, out in read.items():
+        try:
+            after[name] = out.json()["counters"] if out.ok else out.why()
+        except (ValueError, KeyError) as exc:
+            after[name] = f"no counters in the answer: {exc}"
+    before = {h.name: nodes[h.name].before for h in with_ports}
+    state.add(judge.fabric_counters(before, after, time.monotonic() - began_at))
+    _pair_runs(state, nodes)
+
+
+def _pair_runs(state: State, nodes: Mapping[str, fabric_check.NodeFabric]) -> None:
+    began_at = time.monotonic()
+    links = {h.name: state.probes.get(h.name, {}).get("links", {}) for h in state.alive}
+    missing = [n for n, lk in links.items() if nodes.get(n) and nodes[n].rails
+               and not lk.get("tools.ib_write_bw")]  # fmt: skip
+    pairs_ = _rail_pairs(state, nodes)
+    if missing or not pairs_:
+        why = (
+            f"perftest's ib_write_bw not found on {', '.join(missing)} (Debian: apt install"
+            " perftest)"
+            if missing
+            else "fewer than two nodes have an active rail"
+        )
+        state.add(judge.skip("fabric-pairs", why))
+        return
+    _, efficiency = _fabric_thresholds(state.opts)
+    serve: dict[str, list[str]] = {}
+    ask: dict[str, list[str]] = {}
+    runs: list[judge.RailRun] = []
+    for client, server, rails in pairs_:
+        cuda = all(bool(nodes[n].gdr.peermem) and _gpus(h, state)
+                   for n, h in ((client.name, client), (server.name, server)))  # fmt: skip
+        gid = nodes[client.name].settings.get("NCCL_IB_GID_INDEX")
+        for i, (mine, theirs) in enumerate(rails):
+            tcp = PERFTEST_PORT + i
+            serve.setdefault(server.name, []).append(
+                shlex.join(_perftest(theirs, tcp, gid, cuda)) + " >/dev/null 2>&1"
+            )
+            ask.setdefault(client.name, []).append(
+                f"sleep {PERFTEST_START_S}; echo GPUENV_RAIL {i};"
+                f" {shlex.join([*_perftest(mine, tcp, gid, cuda), server.rendezvous_address])} 2>&1"
+            )  # fmt: skip
+            rates = [r for r in (mine.rate_gbytes, theirs.rate_gbytes) if r]
+            runs.append(judge.RailRun(client.name, server.name, f"{mine.device}:{mine.port}",
+                                      min(rates) if rates else None, "", cuda))  # fmt: skip
+    hosts = [h for h in state.alive if h.name in serve or h.name in ask]
+
+    def command(h: Host) -> str:
+        server_loop = "; ".join(serve.get(h.name, [])) or "true"
+        client_loop = "; ".join(ask.get(h.name, [])) or "true"
+        return launch.as_user(h, f"( {server_loop} ) & ( {client_loop} ); wait")
+
+    count = max(len(r) for _, _, r in pairs_)
+    deadline_s = count * (PERFTEST_DEADLINE_S + PERFTEST_START_S) + 10
+    out = state.fan_out(hosts, command, "ib_write_bw pairs", deadline_s=deadline_s)
+    for client, _, rails in pairs_:
+        answer = out[client.name]
+        parts = answer.stdout.split("GPUENV_RAIL ")[1:] if answer.ok else []
+        for i in range(len(rails)):
+            run = next(r for r in runs if r.client == client.name
+                       and r.rail == f"{rails[i][0].device}:{rails[i][0].port}")  # fmt: skip
+            run.output = parts[i].partition("\n")[2] if i < len(parts) else answer.why()
+    state.add(judge.fabric_pairs(runs, efficiency, time.monotonic() - began_at))
+
+
 STAGES: tuple[Stage, ...] = (
     Stage("check", check_stage),
     Stage("consistency", consistency_stage),
@@ -450,6 +614,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("torch", torch_stage, multi_node=True, needs=("rendezvous",)),
     Stage("mpi", mpi_stage, multi_node=True, needs=("rendezvous",)),
     Stage("pairs", pairs_stage, multi_node=True, needs=("rendezvous",)),
+    Stage("fabric", fabric_stage, multi_node=True, needs=("rendezvous",)),
     Stage("dask", dask_stage, multi_node=True, needs=("rendezvous",), optional=True),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)

@@ -8,6 +8,7 @@ import. Output is one JSON object on stdout.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -100,15 +101,8 @@ def _toolkits() -> dict[str, str]:
 
 def _nccl_env() -> dict[str, str]:
     facts = {f"env.{k}": v for k, v in os.environ.items() if k.startswith("NCCL_")}
-    try:
-        with open("/etc/nccl.conf", encoding="utf-8") as conf:
-            for line in conf:
-                key, sep, value = line.strip().partition("=")
-                if sep and not key.startswith("#"):
-                    # NCCL keeps the first value of a key it reads from the file.
-                    facts.setdefault(f"nccl.conf.{key.strip()}", value.strip())
-    except OSError:
-        pass
+    for key, value in net.nccl_conf("/").items():
+        facts.setdefault(f"nccl.conf.{key}", value)
     return facts
 
 
@@ -116,9 +110,20 @@ def links(root: str = "/") -> dict[str, Any]:
     """What the network of this node can carry: active InfiniBand/RoCE ports with their rate,
     and the speed of the default route's NIC (the node floor's readings, gpuenv.floor.net).
     Bandwidth floors across nodes come from these."""
-    active = [p for p in net.rdma_ports(root) if p.active]
+    ports = net.rdma_ports(root)
+    active = [p for p in ports if p.active]
     rates = [r for r in (p.rate_gbytes for p in active) if r]
-    out: dict[str, Any] = {"ib.active_ports": [p.name for p in active]}
+    out: dict[str, Any] = {
+        "ib.active_ports": [p.name for p in active],
+        # The fabric's rules (gpuenv.checks.fabric): every port, the NCCL settings in force,
+        # error counters before the runs, the verbs library, nvidia_peermem, perftest.
+        "ib.ports": [dataclasses.asdict(p) for p in ports],
+        "ib.settings": net.nccl_settings(root, os.environ, net.NCCL_FABRIC_SETTINGS),
+        "ib.counters": net.all_port_counters(root),
+        "ib.verbs": net.verbs_library(root),
+        "gdr.peermem": net.module_loaded(root, "nvidia_peermem"),
+        "tools.ib_write_bw": shutil.which("ib_write_bw"),
+    }
     if rates:
         out["ib.rate_gbps"] = min(rates)
     iface = net.default_route_interface(root)
@@ -192,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuenv.cluster.probe")
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("facts")
+    sub.add_parser("counters")
     lis = sub.add_parser("listen")
     lis.add_argument("--host", default="")
     lis.add_argument("--port", type=int, required=True)
@@ -205,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.what == "facts":
         out = facts()
+    elif args.what == "counters":
+        out = {"counters": net.all_port_counters("/")}
     elif args.what == "listen":
         out = listen(args.host, args.port, args.expect, args.seconds)
     else:

@@ -41,6 +41,12 @@ def _busbw(nbytes: int, seconds: float, world: int) -> tuple[float, float]:
     return algbw, algbw * 2 * (world - 1) / world
 
 
+def _nccl_log_path(local_rank: int) -> str:
+    """Where a local rank of this launch writes NCCL's log (torchrun's run id names the launch)."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or f"ppid{os.getppid()}"
+    return os.path.join(tempfile.gettempdir(), f"gpuenv-nccl-{run}-{local_rank}.log")
+
+
 def run_torch(sizes: list[int], iters: int, steps: int, timeout_s: float) -> None:
     import torch
     import torch.distributed as dist
@@ -53,8 +59,10 @@ def run_torch(sizes: list[int], iters: int, steps: int, timeout_s: float) -> Non
     if gpu:
         torch.cuda.set_device(local_rank)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        # NCCL's own log says which transport it chose; read back after the sweep.
-        debug_file = os.path.join(tempfile.gettempdir(), f"gpuenv-nccl-{os.getpid()}.log")
+        # NCCL's own log says which transport and which rails it chose; read back after the
+        # sweep. One file per local rank of this launch: each GPU's channels go over its own
+        # rails, and the node's first rank reads them all (the rails NCCL used on the node).
+        debug_file = _nccl_log_path(local_rank)
         os.environ["NCCL_DEBUG"] = "INFO"
         os.environ["NCCL_DEBUG_FILE"] = debug_file
     device = torch.device("cuda", local_rank) if gpu else torch.device("cpu")
@@ -94,7 +102,14 @@ def run_torch(sizes: list[int], iters: int, steps: int, timeout_s: float) -> Non
         del x
 
     outcome = ddp.train(rank, world, device, steps)
-    transport = nccl_log.read(debug_file) if debug_file is not None else {}
+    transport: dict[str, Any] = {}
+    if debug_file is not None and local_rank == 0:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        logs = [nccl_log.read(_nccl_log_path(r)) for r in range(local_world)]
+        transport = nccl_log.merge(logs).to_dict()
+        unread = [str(log["error"]) for log in logs if "error" in log]
+        if unread:
+            transport["unread"] = unread
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         _emit(
             {

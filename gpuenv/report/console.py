@@ -39,7 +39,8 @@ def verdict_line(verdict: RunVerdict, scope: str = "node") -> Text:
         else Text("no GPU verified", "bold yellow")
     )
     where = f"profile {verdict.profile}, {verdict.node_kind} {scope}"
-    return Text.assemble("verdict: ", words, f"  ({where}; ", gpu, ")")
+    note = f": {verdict.gpus_note}" if verdict.gpus_note else ""
+    return Text.assemble("verdict: ", words, f"  ({where}; ", gpu, f"{note})")
 
 
 def print_summary(report: RunReport, console: Console) -> None:

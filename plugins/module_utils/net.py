@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .node import read_under
@@ -159,3 +160,133 @@ def addresses(root: str = "/") -> list[tuple[str, str]]:
             groups = [fields[0][i : i + 4] for i in range(0, 32, 4)]
             pairs.append((fields[5], str(ipaddress.ip_address(":".join(groups)))))
     return pairs
+
+
+# ---------------------------------------------------------------- what NCCL may use as rails
+
+# The port error counters that grow when a link is bad (sysfs ports/N/counters/, as
+# infiniband-diags' perfquery names them: SymbolErrorCounter, LinkDownedCounter, PortRcvErrors,
+# ExcessiveBufferOverrunErrors).
+ERROR_COUNTERS = (
+    "symbol_error",
+    "link_downed",
+    "port_rcv_errors",
+    "excessive_buffer_overrun_errors",
+)
+# Where Debian/Ubuntu (multiarch) and Red Hat put the verbs library NCCL's IB transport opens.
+VERBS_LIBRARY_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/lib/x86_64-linux-gnu",
+    "/lib64",
+)
+NCCL_CONF = "/etc/nccl.conf"
+# The NCCL settings of a fabric that must reach NCCL as written (the rdma_fabric role writes
+# them into /etc/nccl.conf; a user may set them in the environment; NCCL_IB_DISABLE turns IB off).
+NCCL_FABRIC_SETTINGS = (
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_IB_TC",
+    "NCCL_IB_SL",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_IB_DISABLE",
+)
+
+
+@dataclass(frozen=True)
+class HcaSpec:
+    """NCCL_IB_HCA as NCCL reads it (NCCL's environment variable documentation): a comma list
+    of ``device[:port]``; ``^`` first excludes them instead; ``=`` (after any ``^``) makes the
+    names exact, else each is a prefix (``mlx5`` selects mlx5_0, mlx5_1 ...)."""
+
+    text: str
+    exclude: bool
+    exact: bool
+    entries: tuple[tuple[str, str | None], ...]
+
+    def selects(self, device: str, port: str) -> bool:
+        hit = any(
+            (device == name if self.exact else device.startswith(name))
+            and (want is None or want == port)
+            for name, want in self.entries
+        )
+        return not hit if self.exclude else hit
+
+
+def hca_spec(text: str | None) -> HcaSpec | None:
+    """Parse NCCL_IB_HCA; None when unset or empty (NCCL then uses every IB/RoCE port)."""
+    rest = (text or "").strip()
+    if not rest:
+        return None
+    exclude = rest.startswith("^")
+    rest = rest[1:] if exclude else rest
+    exact = rest.startswith("=")
+    rest = rest[1:] if exact else rest
+    entries = []
+    for item in (i.strip() for i in rest.split(",")):
+        if item:
+            name, _, port = item.partition(":")
+            entries.append((name, port or None))
+    return HcaSpec(text.strip() if text else "", exclude, exact, tuple(entries))
+
+
+def rails(ports: list[Port], spec: HcaSpec | None) -> list[Port]:
+    """The ports NCCL may use as rails: InfiniBand or RoCE (Ethernet link layer) ports that
+    NCCL_IB_HCA selects; every such port without it."""
+    rdma = [p for p in ports if p.link_layer in ("InfiniBand", "Ethernet")]
+    return [p for p in rdma if spec is None or spec.selects(p.device, p.port)]
+
+
+def port_counters(root: str, device: str, port: str) -> dict[str, int]:
+    """The error counters of one port (missing or unreadable ones are left out)."""
+    found = {}
+    for name in ERROR_COUNTERS:
+        text = _field(root, f"{RDMA_CLASS}/{device}/ports/{port}/counters/{name}")
+        if text.isdigit():
+            found[name] = int(text)
+    return found
+
+
+def all_port_counters(root: str = "/") -> dict[str, dict[str, int]]:
+    """``mlx5_0/1`` -> its error counters, for every RDMA port."""
+    return {p.name: port_counters(root, p.device, p.port) for p in rdma_ports(root)}
+
+
+def verbs_library(root: str = "/") -> str | None:
+    """The path of libibverbs.so.1 (rdma-core) where NCCL would find it; None when missing."""
+    for folder in VERBS_LIBRARY_DIRS:
+        path = f"{folder}/libibverbs.so.1"
+        if os.path.exists(os.path.join(root, path.lstrip("/"))):
+            return path
+    return None
+
+
+def nccl_conf(root: str = "/") -> dict[str, str]:
+    """NCCL_* settings of /etc/nccl.conf (``KEY=VALUE`` lines; NCCL keeps a key's first value
+    and lets the environment win over the file)."""
+    found: dict[str, str] = {}
+    for line in (read_under(root, NCCL_CONF) or "").splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and not key.startswith("#"):
+            found.setdefault(key.strip(), value.strip())
+    return found
+
+
+def nccl_settings(
+    root: str, environ: Mapping[str, str], keys: Iterable[str] | None = None
+) -> dict[str, str]:
+    """The NCCL settings NCCL will see: the environment wins over /etc/nccl.conf (NCCL sets the
+    file's values only where the environment has none). ``keys``: only these; None: all NCCL_."""
+    conf = nccl_conf(root)
+    names = (
+        set(keys) if keys is not None else {k for k in (*environ, *conf) if k.startswith("NCCL_")}
+    )
+    return {k: environ[k] if k in environ else conf[k] for k in sorted(names)
+            if k in environ or k in conf}  # fmt: skip
+
+
+def module_loaded(root: str, module: str) -> bool:
+    """Whether a kernel module is loaded (/sys/module/NAME), e.g. nvidia_peermem."""
+    return os.path.isdir(os.path.join(root, "sys/module", module))

@@ -143,3 +143,76 @@ def test_busbw_below_the_floor_of_its_transport_fails_and_above_passes(tmp_path)
     # A floor given by the user replaces the derived one; the Socket fallback still fails.
     run = pipeline.validate(hosts, opts(stages=("rendezvous", "torch"), min_busbw=10.0))
     assert "busbw 3.10 GB/s at 64 MiB < 10.00 GB/s (--min-busbw)" in by(run, "busbw").reason
+
+
+FABRIC_NODE = r"""#!/usr/bin/env python3
+# A node with two 400 Gb/s rails for the pipeline: its probe reports the ports, settings,
+# counters and ib_write_bw; its torchrun reports NCCL over both rails with GPUDirect RDMA (node a)
+# or over one rail (node b); node b's link_downed counter grows during the runs.
+import json, os, subprocess, sys
+args = sys.argv[1:]
+me = os.environ["GPUENV_FAKE_NODE"]
+ports = [{"device": f"mlx5_{i}", "port": "1", "state": "ACTIVE", "phys_state": "LinkUp",
+          "rate": "400 Gb/sec (4X NDR)", "link_layer": "InfiniBand"} for i in (0, 1)]
+if args[:3] == ["-m", "gpuenv.cluster.probe", "facts"]:
+    print(json.dumps({"hostname": me, "interfaces": ["lo", "ib0"],
+                      "links": {"ib.active_ports": ["mlx5_0/1", "mlx5_1/1"], "ib.rate_gbps": 50.0,
+                                "ib.ports": ports, "ib.settings": {},
+                                "ib.counters": {"mlx5_0/1": {"link_downed": 0}},
+                                "ib.verbs": "/usr/lib/libibverbs.so.1", "gdr.peermem": True,
+                                "tools.ib_write_bw": os.environ["GPUENV_FAKE_PERF"]},
+                      "facts": {"pkg.torch": "2.13.0", "gpu.count": "2"}}))
+elif args[:3] == ["-m", "gpuenv.cluster.probe", "counters"]:
+    print(json.dumps({"counters": {"mlx5_0/1": {"link_downed": 1 if me == "b" else 0}}}))
+elif args[:2] == ["-m", "gpuenv.cluster.probe"]:
+    sys.exit(subprocess.call([REAL, *args]))
+elif args[:2] == ["-m", "torch.distributed.run"]:
+    sweep = [{"bytes": 64 << 20, "busbw_gbps": 60.0, "correct": True}]
+    ddp = {"param_max_diff": 0.0, "loss_first": 1.0, "loss_last": 0.3, "step_time_s": 0.01}
+    used = [0, 1] if me == "a" else [0]
+    transport = {"nccl_version": "2.21.5", "families": {"NET/IB": 4}, "gdrdma": True,
+                 "evidence": [], "net_devices": {"0": "mlx5_0:1/IB", "1": "mlx5_1:1/IB"},
+                 "net_used": used, "gdr_lines": [], "settings": {}}
+    print("GPUENV_RESULT " + json.dumps({"kind": "torch", "backend": "nccl", "sweep": sweep,
+                                         "ddp": ddp, "transport": transport}))
+"""
+
+FAKE_PERF = """#!/bin/bash
+# ib_write_bw: a client (its last argument an address) prints a perftest summary; a server ends.
+case "${@: -1}" in
+  127.0.0.1) cat "$GPUENV_PERF_OUTPUT" ;;
+esac
+"""
+
+
+def test_the_fabric_is_judged_across_nodes_by_the_rails_nccl_used(tmp_path):
+    from pathlib import Path
+
+    python = tmp_path / "python3"
+    python.write_text(FABRIC_NODE.replace("import json, os, subprocess, sys",
+                      f"import json, os, subprocess, sys\nREAL = {sys.executable!r}"))  # fmt: skip
+    python.chmod(0o755)
+    perf = tmp_path / "bin" / "ib_write_bw"
+    perf.parent.mkdir()
+    perf.write_text(FAKE_PERF)
+    perf.chmod(0o755)
+    output = (
+        Path(__file__).resolve().parents[1] / "fixtures/fabric-logs/ib_write_bw-ndr-slow-gbits.txt"
+    )
+    env = {"GPUENV_FAKE_PERF": str(perf), "GPUENV_PERF_OUTPUT": str(output),
+           "PATH": f"{perf.parent}:/usr/bin:/bin"}  # fmt: skip
+    hosts = [emulated(n, python=str(python), env={**env, "GPUENV_FAKE_NODE": n}) for n in "ab"]
+    run = pipeline.validate(hosts, opts(stages=("rendezvous", "torch", "fabric")))
+    busbw = by(run, "busbw")
+    assert busbw.status is Status.FAIL
+    assert "b: NCCL used 1 of 2 rails; idle: mlx5_1:1" in busbw.reason
+    assert busbw.details["floor_from"] == (
+        "0.5 x 1 rail(s) NCCL used on b x their rate = 0.5 x 50 GB/s"
+    )
+    counters = by(run, "fabric-counters")
+    assert counters.status is Status.FAIL
+    assert "b mlx5_0/1: error counters grew during the run: link_downed 0 -> 1" in counters.reason
+    pairs = by(run, "fabric-pairs")
+    assert pairs.status is Status.FAIL, pairs.reason
+    assert "a -> b over mlx5_0:1: 24.6 GB/s < 0.9 x 50 GB/s port rate (GPU memory)" in pairs.reason
+    assert "a -> b over mlx5_1:1" in pairs.reason

@@ -18,6 +18,7 @@ FIELDS = {
     "fp16_dense_tflops",
     "bf16_dense_tflops",
     "nvlink_gbps",
+    "nvlink_links",
     "pcie_gen",
     "source",
 }

@@ -1,0 +1,461 @@
+"""`fabric`: the node's InfiniBand/RoCE rails against what NCCL loaded, and their error counters.
+
+One process (launcher placement): it reads the RDMA ports and their error counters, opens a
+one-rank NCCL communicator (CuPy) with ``NCCL_DEBUG=INFO`` so that NCCL says which NET devices and
+settings it loaded, and reads the counters again. The rules are pure functions of what it read,
+shared with the cluster judges (gpuenv.cluster.judge):
+
+- a rail (a port ``NCCL_IB_HCA`` selects, from the environment or /etc/nccl.conf; without it
+  every IB/RoCE port) that is not ACTIVE FAILs naming device, port, state and the likely cause;
+  other ports are reported, not judged;
+- the NCCL settings in force (``SETTINGS``, environment over /etc/nccl.conf) must be what NCCL
+  reports it loaded, and the NET devices NCCL opened must be the active rails;
+- an error counter (``gpuenv.floor.net.ERROR_COUNTERS``) that grew between the two reads FAILs
+  naming the port and the counters;
+- across nodes (the cluster's busbw): a node with rails must not fall back to NET/Socket, must
+  use every active rail, and must use GPUDirect RDMA where it can (``gdr_problems``).
+
+Where there is no IB/RoCE port the check is not needed and SKIPs saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpuenv.checks import nccl_log, ranklog
+from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, verdict
+from gpuenv.floor import net
+from gpuenv.results import Measurement, Result
+
+NAME = "fabric"
+DESCRIPTION = (
+    "InfiniBand/RoCE rails: port state, NCCL settings against what NCCL loaded, error counters"
+)
+PLACEMENT = Placement.LAUNCHER
+OPTIONAL = False
+ROOT_ENV = "GPUENV_ROOT"
+SETTINGS = net.NCCL_FABRIC_SETTINGS
+# Why a port is in its state, as the IB specification's port states mean it.
+STATE_CAUSES = {
+    "INIT": "the link is up but no subnet manager has configured the port (start opensm or the"
+    " switch's SM)",
+    "ARMED": "the subnet manager has not activated the port yet",
+    "DOWN": "no link: cable, transceiver or peer port",
+}
+
+
+def needed(node: NodeInfo) -> bool:
+    """Required only where there is a fabric: a node without IB/RoCE ports has no rail."""
+    return bool(node.rdma_ports)
+
+
+def unavailable(ctx: Context, node: NodeInfo) -> str | None:
+    if not node.rdma_ports:
+        return "no InfiniBand/RoCE port in /sys/class/infiniband: no fabric to judge"
+    return None
+
+
+def world(ctx: Context, node: NodeInfo) -> int:
+    return 1
+
+
+def command(ctx: Context, node: NodeInfo, world: int) -> list[str]:
+    argv = [sys.executable, "-m", "gpuenv.checks.fabric"]
+    if node.has_gpu and has_module("cupy"):
+        argv.append("--nccl")
+    return argv
+
+
+def environment(ctx: Context, node: NodeInfo) -> dict[str, str]:
+    return {}
+
+
+# ---------------------------------------------------------------- the facts, as data
+
+
+@dataclass(frozen=True)
+class GdrFacts:
+    """What decides whether GPUDirect RDMA can work between a node's GPUs and NICs. This branch
+    reads ``peermem`` itself; the topology reader (gpuenv.floor.fabric) fills the rest."""
+
+    peermem: bool | None = None  # nvidia_peermem loaded (None: not read)
+    dmabuf: bool | None = None  # the driver and NIC support dma-buf (None: not read)
+    acs_bridges: tuple[str, ...] = ()  # bridges with ACS redirect between a GPU and its NIC
+    far_pairs: tuple[str, ...] = ()  # "GPU0-mlx5_3: NUMA 0 and 1": a GPU without a near NIC
+
+
+@dataclass
+class NodeFabric:
+    """One node's fabric: its ports, the NCCL settings in force and what NCCL loaded."""
+
+    ports: list[net.Port]
+    settings: dict[str, str] = field(default_factory=dict)  # in force: env over nccl.conf
+    loaded: nccl_log.Transports | None = None  # NCCL's log; None: NCCL did not run
+    why_no_log: str = ""
+    before: dict[str, dict[str, int]] = field(default_factory=dict)  # port -> counters
+    after: dict[str, dict[str, int]] = field(default_factory=dict)
+    verbs: str | None = None  # libibverbs.so.1, where found
+    gdr: GdrFacts = field(default_factory=GdrFacts)
+
+    @property
+    def hca(self) -> net.HcaSpec | None:
+        return net.hca_spec(self.settings.get("NCCL_IB_HCA"))
+
+    @property
+    def rails(self) -> list[net.Port]:
+        return net.rails(self.ports, self.hca)
+
+    @property
+    def active_rails(self) -> list[net.Port]:
+        return [p for p in self.rails if p.active]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ports": [asdict(p) for p in self.ports],
+            "settings": dict(self.settings),
+            "loaded": self.loaded.to_dict() if self.loaded else None,
+            "why_no_log": self.why_no_log,
+            "before": self.before,
+            "after": self.after,
+            "verbs": self.verbs,
+            "gdr": asdict(self.gdr),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeFabric:
+        loaded = data.get("loaded")
+        gdr = dict(data.get("gdr") or {})
+        return cls(
+            ports=[net.Port(**p) for p in data.get("ports", [])],
+            settings=dict(data.get("settings", {})),
+            loaded=nccl_log.merge([loaded]) if loaded else None,
+            why_no_log=str(data.get("why_no_log", "")),
+            before=dict(data.get("before", {})),
+            after=dict(data.get("after", {})),
+            verbs=data.get("verbs"),
+            gdr=GdrFacts(
+                peermem=gdr.get("peermem"),
+                dmabuf=gdr.get("dmabuf"),
+                acs_bridges=tuple(gdr.get("acs_bridges", ())),
+                far_pairs=tuple(gdr.get("far_pairs", ())),
+            ),
+        )
+
+
+def from_links(links: Mapping[str, Any]) -> NodeFabric | None:
+    """A node's fabric from the cluster probe's ``links`` (gpuenv.cluster.probe.links); None
+    where the probe did not read it (an older gpuenv on the node)."""
+    if "ib.ports" not in links:
+        return None
+    return NodeFabric(
+        ports=[net.Port(**p) for p in links["ib.ports"]],
+        settings=dict(links.get("ib.settings", {})),
+        before=dict(links.get("ib.counters", {})),
+        verbs=links.get("ib.verbs"),
+        gdr=GdrFacts(peermem=links.get("gdr.peermem")),
+    )
+
+
+def read_node(root: str, environ: Mapping[str, str]) -> NodeFabric:
+    """The node's ports, settings, counters, verbs library and nvidia_peermem (the floor's)."""
+    return NodeFabric(
+        ports=net.rdma_ports(root),
+        settings=net.nccl_settings(root, environ, SETTINGS),
+        before=net.all_port_counters(root),
+        verbs=net.verbs_library(root),
+        gdr=GdrFacts(peermem=net.module_loaded(root, "nvidia_peermem")),
+    )
+
+
+# ---------------------------------------------------------------- the rules
+
+
+def _port_words(p: net.Port) -> str:
+    return f"{p.device} port {p.port} is {p.state or '?'} (physical {p.phys_state or '?'})"
+
+
+def rail_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
+    """Rails that are not ACTIVE (problems, with the likely cause) and the other ports, which
+    are reported, not judged (notes)."""
+    rails = node.rails
+    chosen = f"NCCL_IB_HCA={node.hca.text}" if node.hca else "every IB/RoCE port (no NCCL_IB_HCA)"
+    problems = [
+        f"rail {_port_words(p)}: {STATE_CAUSES.get(p.state, 'not usable by NCCL')}"
+        for p in rails
+        if not p.active
+    ]
+    others = [p for p in node.ports if p not in rails]
+    notes = [f"not a rail ({chosen}): {_port_words(p)}" for p in others]
+    if node.ports and not rails:
+        problems.append(f"no port is a rail: {chosen} selects none of " + ", ".join(
+            p.name for p in node.ports))  # fmt: skip
+    return problems, notes
+
+
+def settings_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
+    """The settings in force against what NCCL reports it loaded, and the NET devices NCCL
+    opened against the active rails. No NCCL log: a note, nothing judged."""
+    t = node.loaded
+    if t is None:
+        return [], [f"NCCL's loaded settings not compared: {node.why_no_log or 'no NCCL log'}"]
+    problems = []
+    for key, want in sorted(node.settings.items()):
+        got = t.settings.get(key)
+        if got is None:
+            problems.append(f"{key}={want} is set but NCCL did not report loading it")
+        elif got != want:
+            problems.append(f"{key}: set to {want!r}, NCCL loaded {got!r}")
+    opened = sorted({d.split("/")[0] for d in t.net_devices.values()})
+    wanted = sorted(f"{p.device}:{p.port}" for p in node.active_rails)
+    notes = []
+    is_ib = any("/" in d and d.split("/")[1] in ("IB", "RoCE") for d in t.net_devices.values())
+    if is_ib and opened != wanted:
+        extra = [d for d in opened if d not in wanted]
+        missing = [d for d in wanted if d not in opened]
+        problems.append(
+            "NCCL opened "
+            + (f"{', '.join(extra)}, which are not active rails" if extra else "")
+            + ("; " if extra and missing else "")
+            + (f"not the active rail(s) {', '.join(missing)}" if missing else "")
+        )
+    elif not t.net_devices:
+        notes.append("NCCL's log names no NET device (it may open the network only across nodes)")
+    return problems, notes
+
+
+def counter_problems(
+    before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]]
+) -> list[str]:
+    """Every port whose error counters grew between two reads, naming the counters."""
+    found = []
+    for port, now in sorted(after.items()):
+        was = before.get(port, {})
+        grew = [f"{k} {was[k]} -> {v}" for k, v in sorted(now.items()) if k in was and v > was[k]]
+        if grew:
+            found.append(f"{port}: error counters grew during the run: {', '.join(grew)}")
+    return found
+
+
+def fallback_problems(nodes: Mapping[str, NodeFabric], t: nccl_log.Transports) -> list[str]:
+    """Across nodes: when any node has IB/RoCE rails, NET/Socket is a fallback, named with its
+    likely cause on every node that has rails."""
+    with_rails = {n: f for n, f in nodes.items() if f.rails}
+    if not with_rails or nccl_log.NET_SOCKET not in t.families:
+        return []
+    causes = []
+    for name, f in sorted(with_rails.items()):
+        down = [p for p in f.rails if not p.active]
+        if down:
+            causes += [
+                f"{name}: rail {_port_words(p)}: {STATE_CAUSES.get(p.state, 'not usable')}"
+                for p in down
+            ]
+        elif f.verbs is None:
+            causes.append(f"{name}: libibverbs.so.1 not found (install rdma-core / libibverbs1)")
+        elif (f.loaded and f.loaded.settings.get("NCCL_IB_DISABLE", "0") != "0") or (
+            f.settings.get("NCCL_IB_DISABLE", "0") != "0"
+        ):
+            causes.append(f"{name}: NCCL_IB_DISABLE is set")
+        else:
+            causes.append(
+                f"{name}: rails active and libibverbs present: look for NCCL_NET, a net plugin,"
+                " or NCCL_IB_HCA naming no active port"
+            )
+    return [
+        f"NCCL fell back to TCP sockets across nodes ({t.summary()}) although"
+        f" {', '.join(sorted(with_rails))} ha{'s' if len(with_rails) == 1 else 've'}"
+        f" InfiniBand/RoCE rails; likely cause: {'; '.join(causes)}"
+    ]
+
+
+def rail_use_problems(
+    nodes: Mapping[str, NodeFabric], used: Mapping[str, nccl_log.Transports]
+) -> list[str]:
+    """A node whose NCCL channels went over fewer NET devices than its active rails FAILs,
+    naming the idle rails (NCCL's per-channel lines, from every local rank's log)."""
+    found = []
+    for name, f in sorted(nodes.items()):
+        t = used.get(name)
+        active = sorted(f"{p.device}:{p.port}" for p in f.active_rails)
+        if t is None or nccl_log.NET_IB not in t.families or len(active) < 2:
+            continue
+        idle = [r for r in active if r not in t.used_devices()]
+        if idle:
+            found.append(
+                f"{name}: NCCL used {len(active) - len(idle)} of {len(active)} rails; idle:"
+                f" {', '.join(idle)}"
+            )
+    return found
+
+
+def rails_floor(
+    nodes: Mapping[str, NodeFabric], used: Mapping[str, nccl_log.Transports]
+) -> tuple[float | None, str]:
+    """The cross-node busbw floor from the rails NCCL used:
+    ``NET_EFFICIENCY[NET/IB] x min over nodes (sum of the rates of the rails NCCL used there)``.
+    None (and why) where a node's rails or their rates are unknown."""
+    sums = {}
+    for name, f in nodes.items():
+        t = used.get(name)
+        if t is None or not t.net_used:
+            return None, f"{name}: NCCL's log names no NET device its channels used"
+        by_name = {f"{p.device}:{p.port}": p for p in f.ports}
+        rates = [by_name[d].rate_gbytes if d in by_name else None for d in t.used_devices()]
+        if not rates or any(r is None for r in rates):
+            return None, f"{name}: no rate for the rail(s) {', '.join(t.used_devices())}"
+        sums[name] = sum(r for r in rates if r is not None)
+    if not sums:
+        return None, "no node"
+    slowest = min(sums, key=lambda n: sums[n])
+    eff = nccl_log.NET_EFFICIENCY[nccl_log.NET_IB]
+    count = len(used[slowest].used_devices())
+    return eff * sums[slowest], (
+        f"{eff} x {count} rail(s) NCCL used on {slowest} x their rate = {eff} x"
+        f" {sums[slowest]:g} GB/s"
+    )
+
+
+def one_rail_problems(
+    nodes: Mapping[str, NodeFabric], busbw_gbps: float
+) -> list[str]:  # fmt: skip
+    """A node with several active rails whose run reached no more than one rail's rate."""
+    found = []
+    for name, f in sorted(nodes.items()):
+        rails = f.active_rails
+        rates = [p.rate_gbytes for p in rails if p.rate_gbytes]
+        if len(rails) > 1 and rates and busbw_gbps <= max(rates):
+            found.append(
+                f"{name}: busbw {busbw_gbps:.1f} GB/s is one rail's worth ({max(rates):g} GB/s)"
+                f" with {len(rails)} active rails: the others sat idle in effect"
+            )
+    return found
+
+
+GDR_CHANNEL = "/GDRDMA"
+
+
+def gdr_problems(name: str, node: NodeFabric, t: nccl_log.Transports, has_gpu: bool) -> list[str]:
+    """Where a node's GPUs talk over IB/RoCE, NCCL must use GPUDirect RDMA (``/GDRDMA`` on its
+    channel lines); else FAIL naming why, from what is known."""
+    if not has_gpu or nccl_log.NET_IB not in t.families or t.gdrdma:
+        return []
+    why = [line for line in t.gdr_lines if "Disabled" in line][:2]
+    if node.gdr.peermem is False and not node.gdr.dmabuf:
+        why.append("nvidia_peermem is not loaded (modprobe nvidia-peermem) and no dma-buf")
+    why += [f"ACS redirect on {b} (peer-to-peer goes through the root complex)"
+            for b in node.gdr.acs_bridges]  # fmt: skip
+    why += [f"GPU and NIC far apart: {p}" for p in node.gdr.far_pairs]
+    if not why:
+        why.append(
+            "cause not read here: look at NCCL_NET_GDR_LEVEL, the GPU-NIC PCI distance and ACS"
+        )
+    return [f"{name}: NCCL's channels over IB/RoCE show no {GDR_CHANNEL}: {'; '.join(why)}"]
+
+
+# ---------------------------------------------------------------- perftest (ib_write_bw)
+
+# perftest's summary row under the header
+# " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+# (github.com/linux-rdma/perftest/issues/273; with MB/sec units without --report_gbits,
+# issues/234).
+_PERF_HEADER = re.compile(
+    r"#bytes\s+#iterations\s+BW peak\[(Gb|MB)/sec\]\s+BW average\[(Gb|MB)/sec\]"
+)
+_PERF_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
+
+
+def parse_ib_write_bw(text: str) -> dict[str, float] | None:
+    """The last summary row of ib_write_bw: bytes, iterations, peak and average in GB/s
+    (decimal: Gb/sec / 8, MB/sec / 1000); None when there is none."""
+    unit = None
+    found = None
+    for line in text.splitlines():
+        head = _PERF_HEADER.search(line)
+        if head:
+            unit = head.group(2)
+            continue
+        row = _PERF_ROW.match(line)
+        if row and unit:
+            scale = 1 / 8 if unit == "Gb" else 1 / 1000
+            found = {
+                "bytes": float(row.group(1)),
+                "iterations": float(row.group(2)),
+                "peak_gbps": float(row.group(3)) * scale,
+                "average_gbps": float(row.group(4)) * scale,
+            }
+    return found
+
+
+# ---------------------------------------------------------------- the node check
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpuenv.checks.fabric")
+    parser.add_argument("--nccl", action="store_true", help="open a one-rank NCCL communicator")
+    args = parser.parse_args(argv)
+    root = os.environ.get(ROOT_ENV, "/")
+    log = ranklog.RankLog(ranklog.RankConfig.load().events, 0)
+    log.mark(NAME, "start")
+    node = read_node(root, os.environ)
+    ranklog.wait_gate()
+    rank = ranklog.launched_rank(NAME, 0, 1)
+    with ranklog.Heartbeat(log, NAME):
+        rank.mark("nccl")
+        if args.nccl:
+            loaded = _nccl_loaded(rank)
+            if "error" in loaded:
+                node.why_no_log = str(loaded["error"])
+            else:
+                node.loaded = nccl_log.merge([loaded])
+        else:
+            node.why_no_log = "no GPU with CuPy here: NCCL was not started"
+        node.after = net.all_port_counters(root)
+        rank.mark("done")
+    rank.log.result(NAME, node.to_dict())
+    return 0
+
+
+def _nccl_loaded(rank: ranklog.RankContext) -> dict[str, object]:
+    """A one-rank NCCL communicator, for NCCL's own word on the settings and NET devices."""
+    debug_file = rank.events / "nccl-fabric.log"
+    os.environ.update(
+        NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV,NET", NCCL_DEBUG_FILE=str(debug_file)
+    )
+    try:
+        import cupy as cp
+        from cupy.cuda import nccl
+    except ImportError as exc:
+        return {"error": f"cupy cannot be imported: {exc}"}
+    cp.cuda.Device(0).use()
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    comm.destroy()
+    return nccl_log.read(debug_file)
+
+
+def judge(
+    ctx: Context, node: NodeInfo, payloads: Mapping[int, Mapping[str, Any]], world: int
+) -> Result:
+    facts = NodeFabric.from_dict(payloads[0])
+    found, notes = rail_problems(facts)
+    more, said = settings_problems(facts)
+    found += more + counter_problems(facts.before, facts.after)
+    notes += said
+    rails = facts.rails
+    ms = [
+        Measurement("rails", len(rails)),
+        Measurement("rails_active", len(facts.active_rails), "", float(len(rails)), "min"),
+    ]
+    names = ", ".join(f"{p.device}:{p.port} {p.state} {p.rate}" for p in rails) or "none"
+    passed = f"rails active: {names}" + (f"; {'; '.join(notes)}" if notes else "")
+    details = {"node": facts.to_dict(), "notes": notes}
+    return verdict(ctx, NAME, found, [], passed, ms, {}, details)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
