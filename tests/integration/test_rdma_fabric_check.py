@@ -30,7 +30,7 @@ PLAY = """---
   post_tasks:
     - name: Show what the role derived
       ansible.builtin.debug:
-        msg: "{{ {'nccl_conf': __rdma_fabric.nccl_conf, 'rdma': __rdma_fabric.rdma,
+        msg: "{{ {'nccl_conf': __rdma_fabric_found.nccl_conf, 'rdma': __rdma_fabric_found.rdma,
                   'peermem': __rdma_fabric_peermem | bool} | to_json }}"
 """
 
