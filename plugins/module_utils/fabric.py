@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from .net import RDMA_CLASS, default_route_interface, rdma_ports
+from .net import RDMA_CLASS, Port, default_route_interface, rdma_ports
 from .node import Run, read_under, resolve_under
 from .pci import ACS_P2P_REDIRECT, Device, acs_control, devices, normal_bus_id
 
@@ -93,21 +93,18 @@ class Gid:
 
 
 @dataclass(frozen=True)
-class RdmaPort:
-    device: str  # mlx5_0
-    port: str  # 1
-    state: str  # ACTIVE, INIT, DOWN ...
-    phys_state: str  # LinkUp, Polling, Disabled ...
-    rate: str  # "400 Gb/sec (4X NDR)"
-    link_layer: str  # InfiniBand, Ethernet
-    gids: tuple[Gid, ...]
-    netdev: str  # the device's network interface ("" when it has none)
-    numa_node: int | None
-    bdf: str  # the device's PCI function
-    pci_path: tuple[str, ...]
+class RdmaPort(Port):
+    """net.Port (device, port, state, phys_state, rate, link_layer) with what the fabric adds."""
+
+    gids: tuple[Gid, ...] = ()
+    netdev: str = ""  # the device's network interface ("" when it has none)
+    numa_node: int | None = None
+    bdf: str = ""  # the device's PCI function
+    pci_path: tuple[str, ...] = ()
 
     @property
-    def name(self) -> str:
+    def hca(self) -> str:
+        """The port as NCCL_IB_HCA names it: ``mlx5_0:1``."""
         return f"{self.device}:{self.port}"
 
     @property
@@ -118,7 +115,7 @@ class RdmaPort:
 @dataclass(frozen=True)
 class Affinity:
     gpu: str  # BDF
-    port: str  # mlx5_0:1
+    port: str  # mlx5_0:1 (RdmaPort.hca)
     relation: str  # PCIE_SWITCH, SAME_NUMA, NO_AFFINITY
     acs_redirect: tuple[str, ...]  # bridges on the path with ACS P2P redirection on
     acs_unread: tuple[str, ...]  # bridges whose ACS control could not be read
@@ -250,17 +247,12 @@ def ports(root: str, by_bdf: Mapping[str, Device]) -> tuple[RdmaPort, ...]:
         nets = _listdir(root, f"{RDMA_CLASS}/{port.device}/device/net")
         found.append(
             RdmaPort(
-                port.device,
-                port.port,
-                port.state,
-                port.phys_state,
-                port.rate,
-                port.link_layer,
-                _gids(root, base),
-                nets[0] if nets else "",
-                numa_node(root, bdf),
-                bdf,
-                path,
+                **asdict(port),
+                gids=_gids(root, base),
+                netdev=nets[0] if nets else "",
+                numa_node=numa_node(root, bdf),
+                bdf=bdf,
+                pci_path=path,
             )
         )
     return tuple(found)
@@ -305,9 +297,7 @@ def _affinity(root: str, gpus: tuple[Gpu, ...], found: tuple[RdmaPort, ...]) -> 
                     acs[bdf] = acs_control(root, bdf)
             redirect = tuple(b for b in bridges if (acs[b] or 0) & ACS_P2P_REDIRECT)
             unread = tuple(b for b in bridges if acs[b] is None)
-            pairs.append(
-                Affinity(gpu.bdf, port.name, relation(gpu, port, single), redirect, unread)
-            )
+            pairs.append(Affinity(gpu.bdf, port.hca, relation(gpu, port, single), redirect, unread))
     return tuple(pairs)
 
 
@@ -435,21 +425,21 @@ def rails(fabric: Fabric) -> tuple[tuple[str, ...], dict[str, str]]:
     them: they are never rails.
     """
     if not fabric.gpus:
-        return (), {p.name: "no GPU on the node" for p in fabric.ports}
+        return (), {p.hca: "no GPU on the node" for p in fabric.ports}
     switched = any(a.relation == PCIE_SWITCH for a in fabric.affinity)
     wanted = (PCIE_SWITCH,) if switched else (PCIE_SWITCH, SAME_NUMA)
     chosen, left_out = [], {}
     for port in fabric.ports:
-        near = [a.gpu for a in fabric.affinity if a.port == port.name and a.relation in wanted]
+        near = [a.gpu for a in fabric.affinity if a.port == port.hca and a.relation in wanted]
         if port.link_layer not in ("InfiniBand", "Ethernet"):
-            left_out[port.name] = f"link layer {port.link_layer or 'unknown'}"
+            left_out[port.hca] = f"link layer {port.link_layer or 'unknown'}"
         elif port.phys_state == "Disabled":
-            left_out[port.name] = "physical state Disabled"
+            left_out[port.hca] = "physical state Disabled"
         elif not near:
             where = "shares no PCIe switch with a GPU" if switched else "on no GPU's NUMA node"
-            left_out[port.name] = f"{where} (storage or management)"
+            left_out[port.hca] = f"{where} (storage or management)"
         else:
-            chosen.append(port.name)
+            chosen.append(port.hca)
     return tuple(sorted(chosen, key=_natural)), left_out
 
 
@@ -466,7 +456,7 @@ def gid_index(chosen: list[RdmaPort]) -> tuple[int | None, list[str]]:
         best = [g.index for g in v2 if g.ipv4_mapped] or [
             g.index for g in v2 if not g.gid.startswith("fe80")
         ]
-        per_port.append((port.name, best))
+        per_port.append((port.hca, best))
     missing = [name for name, best in per_port if not best]
     if missing:
         return None, [f"no RoCE v2 GID with an address on {', '.join(missing)}"]
@@ -475,7 +465,7 @@ def gid_index(chosen: list[RdmaPort]) -> tuple[int | None, list[str]]:
         return min(common), []
     first = per_port[0][1][0]
     return first, [
-        f"RoCE rails disagree on the RoCE v2 GID index; {first} taken from {roce[0].name}"
+        f"RoCE rails disagree on the RoCE v2 GID index; {first} taken from {roce[0].hca}"
     ]
 
 
@@ -484,7 +474,7 @@ def derive(fabric: Fabric, overrides: Mapping[str, object] | None = None) -> Ncc
     replace the derived value of each key they hold with a value other than None or ""."""
     given = {k: v for k, v in (overrides or {}).items() if v is not None and v != ""}
     chosen, left_out = rails(fabric)
-    by_name = {p.name: p for p in fabric.ports}
+    by_name = {p.hca: p for p in fabric.ports}
     index, problems = gid_index([by_name[n] for n in chosen])
     derived: dict[str, object] = {
         "ib_hca": "=" + ",".join(chosen) if chosen else "",
