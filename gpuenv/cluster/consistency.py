@@ -16,6 +16,18 @@ from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
 ABSENT = "<absent>"
 # Facts that legitimately differ between nodes.
 IGNORED = frozenset({"hostname"})
+# The NCCL settings the rdma_fabric role derives from a node's topology (its /etc/nccl.conf, as the
+# node probe reads it): nodes of one type (GPU model and count) must agree on them; nodes of two
+# types may differ (other NICs, other GID tables, other interface names). NCCL_IB_TC and NCCL_IB_SL
+# are not here: traffic class and service level must match across the whole fabric.
+PER_TYPE = frozenset(
+    {
+        "nccl.conf.NCCL_IB_HCA",
+        "nccl.conf.NCCL_IB_GID_INDEX",
+        "nccl.conf.NCCL_SOCKET_IFNAME",
+    }
+)
+TYPE_KEYS = ("gpu.model", "gpu.count")
 
 
 @dataclass(frozen=True)
@@ -38,18 +50,35 @@ def node_facts(probe: Mapping[str, str], checks: Iterable[Result]) -> dict[str, 
     return merged
 
 
+def node_type(table: Mapping[str, str]) -> str:
+    """A node's type for the fabric settings: its GPU model and count (``NVIDIA H200 x8``)."""
+    return " x".join(table.get(k, ABSENT) for k in TYPE_KEYS)
+
+
+def _disagreement(key: str, facts: Mapping[str, Mapping[str, str]], fact: str) -> list:
+    values: dict[str, list[str]] = {}
+    for node, table in facts.items():
+        values.setdefault(table.get(fact, ABSENT), []).append(node)
+    if len(values) < 2:
+        return []
+    # Largest group first: the odd ones out read last.
+    return [Disagreement(key, dict(sorted(values.items(), key=lambda kv: (-len(kv[1]), kv[0]))))]
+
+
 def compare(facts: Mapping[str, Mapping[str, str]]) -> list[Disagreement]:
-    """The facts on which the nodes do not all agree, in key order."""
+    """The facts on which the nodes do not all agree, in key order; the fabric settings
+    (PER_TYPE) among the nodes of each type, named ``key (type)``."""
     keys = sorted({k for table in facts.values() for k in table} - IGNORED)
+    types: dict[str, dict[str, Mapping[str, str]]] = {}
+    for node, table in facts.items():
+        types.setdefault(node_type(table), {})[node] = table
     found: list[Disagreement] = []
     for key in keys:
-        values: dict[str, list[str]] = {}
-        for node, table in facts.items():
-            values.setdefault(table.get(key, ABSENT), []).append(node)
-        if len(values) > 1:
-            # Largest group first: the odd ones out read last.
-            ordered = dict(sorted(values.items(), key=lambda kv: (-len(kv[1]), kv[0])))
-            found.append(Disagreement(key, ordered))
+        if key not in PER_TYPE:
+            found += _disagreement(key, facts, key)
+            continue
+        for kind, members in sorted(types.items()):
+            found += _disagreement(f"{key} ({kind})" if len(types) > 1 else key, members, key)
     return found
 
 

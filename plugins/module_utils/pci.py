@@ -123,3 +123,37 @@ def normal_bus_id(bus_id: str) -> str:
         return f"{int(domain, 16):04x}:{rest}"
     except ValueError:
         return text
+
+
+# Extended configuration space (PCIe base specification, "PCI Express Extended Capabilities"):
+# the first extended capability header sits at 0x100; each header is 32 bits, little endian:
+# capability id (bits 0-15), version (16-19), offset of the next header (20-31). Access Control
+# Services is id 0x000D; its 16-bit ACS Control register is at the capability's offset + 6.
+EXTENDED_CONFIG_START = 0x100
+ACS_CAPABILITY_ID = 0x000D
+ACS_CONTROL_OFFSET = 6
+# ACS Control bits that send peer-to-peer traffic up to the root complex (lspci's ReqRedir+ and
+# CmpltRedir+): with either set, GPU<->NIC traffic below a switch no longer stays in the switch.
+ACS_P2P_REDIRECT = 0x0004 | 0x0008
+
+
+def acs_control(root: str, bdf: str) -> int | None:
+    """A bridge's ACS Control register from its sysfs ``config``; None when the extended
+    configuration space cannot be read (not root: sysfs shows only 64 bytes) or the bridge has
+    no ACS capability."""
+    try:
+        with open(os.path.join(root, DEVICES.lstrip("/"), bdf, "config"), "rb") as handle:
+            config = handle.read(4096)
+    except OSError:
+        return None
+    offset, seen = EXTENDED_CONFIG_START, set()
+    while EXTENDED_CONFIG_START <= offset <= len(config) - 8 and offset not in seen:
+        seen.add(offset)
+        header = int.from_bytes(config[offset : offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return None
+        if header & 0xFFFF == ACS_CAPABILITY_ID:
+            at = offset + ACS_CONTROL_OFFSET
+            return int.from_bytes(config[at : at + 2], "little")
+        offset = (header >> 20) & 0xFFC
+    return None

@@ -57,3 +57,28 @@ def test_check_versions_are_compared_too():
 def test_one_node_is_not_compared():
     r = consistency_result(cluster(n=1))
     assert r.status is Status.SKIP and "nothing to compare" in r.reason
+
+
+FABRIC = {
+    "nccl.conf.NCCL_IB_HCA": "=mlx5_0:1,mlx5_3:1",
+    "nccl.conf.NCCL_IB_TC": "106",
+    "nccl.conf.NCCL_SOCKET_IFNAME": "eno1",
+}
+
+
+def test_the_fabric_settings_are_compared_among_nodes_of_one_type():
+    facts = {f"n{i}": {**BASE, **FABRIC} for i in range(4)}
+    # n3 is another node type: other NICs and interface, legitimately other settings
+    facts["n3"].update({"gpu.count": "4", "nccl.conf.NCCL_IB_HCA": "=mlx5_0:1",
+                        "nccl.conf.NCCL_SOCKET_IFNAME": "enp1s0"})  # fmt: skip
+    facts["n1"]["nccl.conf.NCCL_IB_HCA"] = "=mlx5_0:1,mlx5_1:1"  # a storage port picked
+    keys = [d.key for d in compare(facts)]
+    assert keys == ["gpu.count", "nccl.conf.NCCL_IB_HCA (NVIDIA H200 x8)"]
+    found = compare(facts)[1]
+    assert found.values == {"=mlx5_0:1,mlx5_3:1": ["n0", "n2"], "=mlx5_0:1,mlx5_1:1": ["n1"]}
+
+
+def test_traffic_class_must_match_across_node_types():
+    facts = {f"n{i}": {**BASE, **FABRIC} for i in range(2)}
+    facts["n1"].update({"gpu.count": "4", "nccl.conf.NCCL_IB_TC": "0"})
+    assert [d.key for d in compare(facts)] == ["gpu.count", "nccl.conf.NCCL_IB_TC"]

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = ["nvidia_driver", "cuda_toolkit", "nccl", "site_cache"]
+ROLES = ["nvidia_driver", "cuda_toolkit", "nccl", "site_cache", "rdma_fabric"]
 
 
 def _spec(role: str) -> dict:

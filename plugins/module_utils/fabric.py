@@ -1,0 +1,510 @@
+# Copyright: gpuenv contributors
+# Apache License 2.0 (see LICENSE)
+"""The node's fabric as sysfs tells it, and the NCCL settings that follow from it.
+
+``read(root, run, ...)`` gives a :class:`Fabric`: per GPU its NUMA node, PCI path and NVLink
+counts (NVML's, handed in by the caller: sysfs has none); the NVSwitches and Fabric Manager's
+state; every InfiniBand/RoCE port with state, physical state, rate, link layer, GID table,
+netdev, NUMA node and PCI path; GPU<->port affinity; GPUDirect RDMA; ACS on the bridges between
+a GPU and a port. ``derive(fabric, ...)`` gives the NCCL settings the ``rdma_fabric`` role writes
+(docs/roles/rdma_fabric.md holds the rules with their sources). ``port_counters`` reads a port's
+error counters. Standard library only; ``root`` is ``/`` on a node, a fixture tree in tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from .net import RDMA_CLASS, Port, default_route_interface, rdma_ports
+from .node import Run, read_under, resolve_under
+from .pci import ACS_P2P_REDIRECT, Device, acs_control, devices, normal_bus_id
+
+FABRIC_MANAGER_UNIT = "nvidia-fabricmanager"
+# systemctl answers at once; a hung D-Bus must not hold the reader.
+SYSTEMCTL_TIMEOUT_S = 10
+
+# GPU <-> port relations, nearest first (NCCL's PIX/PXB, then PHB/NODE, then SYS).
+PCIE_SWITCH = "pcie-switch"  # they share a bridge below the root port
+SAME_NUMA = "numa"  # different root ports, same NUMA node
+NO_AFFINITY = "none"  # across the CPUs' interconnect
+
+# GPUDirect RDMA modes.
+PEERMEM = "peermem"
+DMABUF = "dma-buf"
+GDR_OFF = "off"
+# dma-buf needs Linux 5.12 or later and NVIDIA's open kernel module (NVIDIA GPU Operator,
+# "GPUDirect RDMA and GPUDirect Storage"; NCCL environment variables, NCCL_DMABUF_ENABLE).
+DMABUF_MIN_KERNEL = (5, 12)
+
+# NCCL_IB_TC and NCCL_IB_SL the role writes unless told otherwise. NCCL's own default is 0 for
+# both (NCCL environment variables, NCCL_IB_TC / NCCL_IB_SL). 106 is DSCP 26 (26 << 2 = 104)
+# plus ECN-capable transport (2): the lossless RoCE class of NVIDIA's RoCE configuration guides;
+# on an InfiniBand link layer it is the GRH traffic class and harmless. SL 0 is the default SL.
+DEFAULT_IB_TC = 106
+DEFAULT_IB_SL = 0
+
+ROCE_V2 = "RoCE v2"
+_IPV4_MAPPED = re.compile(r"^0000:0000:0000:0000:0000:ffff:[0-9a-f]{4}:[0-9a-f]{4}$")
+_ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+_NVIDIA_VERSION = "/proc/driver/nvidia/version"
+
+# The error counters of a port (sysfs ports/N/counters/).
+ERROR_COUNTERS = (
+    "symbol_error",
+    "link_downed",
+    "port_rcv_errors",
+    "excessive_buffer_overrun_errors",
+)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    bdf: str
+    device_id: str  # 0x2330
+    numa_node: int | None
+    pci_path: tuple[str, ...]  # the bridges above it, root port first
+    nvlink_active: int | None  # from NVML, handed in; None: not told
+    nvlink_total: int | None
+    nvlink_expected: int | None  # the model's link count, handed in; None: not told
+    visible: bool | None  # in CUDA_VISIBLE_DEVICES; None: the variable names UUIDs
+
+    @property
+    def nvlink_short(self) -> bool:
+        """Fewer active links than the GPU has or than its model has."""
+        if self.nvlink_active is None:
+            return False
+        want = max(self.nvlink_total or 0, self.nvlink_expected or 0)
+        return self.nvlink_active < want
+
+
+@dataclass(frozen=True)
+class Gid:
+    index: int
+    gid: str
+    type: str  # "RoCE v2", "IB/RoCE v1"; "" where sysfs does not say
+    ndev: str  # the netdev it belongs to (RoCE)
+
+    @property
+    def ipv4_mapped(self) -> bool:
+        return bool(_IPV4_MAPPED.match(self.gid))
+
+
+@dataclass(frozen=True)
+class RdmaPort(Port):
+    """net.Port (device, port, state, phys_state, rate, link_layer) with what the fabric adds."""
+
+    gids: tuple[Gid, ...] = ()
+    netdev: str = ""  # the device's network interface ("" when it has none)
+    numa_node: int | None = None
+    bdf: str = ""  # the device's PCI function
+    pci_path: tuple[str, ...] = ()
+
+    @property
+    def hca(self) -> str:
+        """The port as NCCL_IB_HCA names it: ``mlx5_0:1``."""
+        return f"{self.device}:{self.port}"
+
+    @property
+    def roce(self) -> bool:
+        return self.link_layer == "Ethernet"
+
+
+@dataclass(frozen=True)
+class Affinity:
+    gpu: str  # BDF
+    port: str  # mlx5_0:1 (RdmaPort.hca)
+    relation: str  # PCIE_SWITCH, SAME_NUMA, NO_AFFINITY
+    acs_redirect: tuple[str, ...]  # bridges on the path with ACS P2P redirection on
+    acs_unread: tuple[str, ...]  # bridges whose ACS control could not be read
+
+
+@dataclass(frozen=True)
+class Gdr:
+    mode: str  # PEERMEM, DMABUF, GDR_OFF
+    peermem_loaded: bool
+    peermem_module: bool  # nvidia-peermem.ko is in the running kernel's modules.dep
+    dmabuf: bool
+    kernel: str
+    flavour: str  # open, proprietary, "" (no NVIDIA module loaded)
+    why: str
+
+    @property
+    def available(self) -> bool:
+        return self.mode != GDR_OFF
+
+
+@dataclass(frozen=True)
+class Fabric:
+    gpus: tuple[Gpu, ...]
+    nvswitches: tuple[str, ...]
+    fabric_manager: str  # systemctl is-active's word, "not-needed" without NVSwitches
+    ports: tuple[RdmaPort, ...]
+    affinity: tuple[Affinity, ...]
+    gdr: Gdr
+    default_interface: str
+    cuda_visible_devices: str | None
+
+    def relation(self, gpu: str, port: str) -> str:
+        for a in self.affinity:
+            if a.gpu == gpu and a.port == port:
+                return a.relation
+        return NO_AFFINITY
+
+    def as_dict(self) -> dict:
+        found = asdict(self)
+        for gpu, data in zip(self.gpus, found["gpus"], strict=False):
+            data["nvlink_short"] = gpu.nvlink_short
+        found["gdr"]["available"] = self.gdr.available
+        found["visible_gpus"] = sum(1 for g in self.gpus if g.visible)
+        return found
+
+
+@dataclass(frozen=True)
+class NcclSettings:
+    """The NCCL settings of a node, each with where it came from."""
+
+    ib_hca: str  # "=mlx5_0:1,mlx5_1:1"; "" when the node has no rail
+    gid_index: int | None  # None: not set (InfiniBand link layer, or no RoCE v2 entry)
+    tc: int
+    sl: int
+    socket_ifname: str
+    rails: tuple[str, ...]
+    left_out: dict[str, str] = field(default_factory=dict)  # port -> why it is not a rail
+    origin: dict[str, str] = field(default_factory=dict)  # setting -> "derived" or "override"
+    problems: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def conf(self) -> dict[str, str]:
+        """The /etc/nccl.conf lines (key -> value); an unset setting is left out."""
+        lines = {
+            "NCCL_IB_HCA": self.ib_hca,
+            "NCCL_IB_GID_INDEX": "" if self.gid_index is None else str(self.gid_index),
+            "NCCL_IB_TC": str(self.tc),
+            "NCCL_IB_SL": str(self.sl),
+            "NCCL_SOCKET_IFNAME": self.socket_ifname,
+        }
+        return {k: v for k, v in lines.items() if v != ""}
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int((text or "").strip())
+    except ValueError:
+        return None
+
+
+def _listdir(root: str, path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(os.path.join(root, path.lstrip("/"))), key=_natural)
+    except OSError:
+        return []
+
+
+def _natural(name: str) -> list:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def numa_node(root: str, bdf: str) -> int | None:
+    """A PCI function's NUMA node; None where the kernel says -1 (unknown)."""
+    value = _int(read_under(root, f"/sys/bus/pci/devices/{bdf}/numa_node"))
+    return None if value is None or value < 0 else value
+
+
+def numa_nodes(root: str) -> int:
+    return sum(1 for n in _listdir(root, "/sys/devices/system/node") if re.match(r"node\d+$", n))
+
+
+def _gids(root: str, base: str) -> tuple[Gid, ...]:
+    found = []
+    for name in _listdir(root, f"{base}/gids"):
+        gid = (read_under(root, f"{base}/gids/{name}") or "").strip().lower()
+        if not name.isdigit() or not gid or gid == _ZERO_GID:
+            continue
+        kind = (read_under(root, f"{base}/gid_attrs/types/{name}") or "").strip()
+        ndev = (read_under(root, f"{base}/gid_attrs/ndevs/{name}") or "").strip()
+        found.append(Gid(int(name), gid, kind, ndev))
+    return tuple(found)
+
+
+def _port_pci(root: str, device: str, by_bdf: Mapping[str, Device]) -> tuple[str, tuple]:
+    path = resolve_under(root, f"{RDMA_CLASS}/{device}/device")
+    bdf = os.path.basename(path)
+    if bdf in by_bdf:
+        return bdf, by_bdf[bdf].bridges
+    return bdf, ()
+
+
+def ports(root: str, by_bdf: Mapping[str, Device]) -> tuple[RdmaPort, ...]:
+    found = []
+    for port in rdma_ports(root):
+        base = f"{RDMA_CLASS}/{port.device}/ports/{port.port}"
+        bdf, path = _port_pci(root, port.device, by_bdf)
+        nets = _listdir(root, f"{RDMA_CLASS}/{port.device}/device/net")
+        found.append(
+            RdmaPort(
+                **asdict(port),
+                gids=_gids(root, base),
+                netdev=nets[0] if nets else "",
+                numa_node=numa_node(root, bdf),
+                bdf=bdf,
+                pci_path=path,
+            )
+        )
+    return tuple(found)
+
+
+def _shared(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def relation(gpu: Gpu, port: RdmaPort, single_numa: bool) -> str:
+    """PCIE_SWITCH when they share a bridge below the root port (the root port is path[0]);
+    SAME_NUMA when on one NUMA node (every device is, on a node with one); else NO_AFFINITY."""
+    if _shared(gpu.pci_path, port.pci_path) >= 2:
+        return PCIE_SWITCH
+    if single_numa or (gpu.numa_node is not None and gpu.numa_node == port.numa_node):
+        return SAME_NUMA
+    return NO_AFFINITY
+
+
+def path_bridges(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    """The bridges traffic between two devices crosses: from the lowest one they share down to
+    each (both whole paths when they share none)."""
+    shared = _shared(a, b)
+    start = max(shared - 1, 0)
+    return tuple(dict.fromkeys(a[start:] + b[start:]))
+
+
+def _affinity(root: str, gpus: tuple[Gpu, ...], found: tuple[RdmaPort, ...]) -> tuple:
+    single = numa_nodes(root) <= 1
+    acs: dict[str, int | None] = {}
+    pairs = []
+    for gpu in gpus:
+        for port in found:
+            bridges = path_bridges(gpu.pci_path, port.pci_path) if port.pci_path else ()
+            for bdf in bridges:
+                if bdf not in acs:
+                    acs[bdf] = acs_control(root, bdf)
+            redirect = tuple(b for b in bridges if (acs[b] or 0) & ACS_P2P_REDIRECT)
+            unread = tuple(b for b in bridges if acs[b] is None)
+            pairs.append(Affinity(gpu.bdf, port.hca, relation(gpu, port, single), redirect, unread))
+    return tuple(pairs)
+
+
+def _kernel_major_minor(release: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", release)[:2])
+
+
+def module_flavour(root: str) -> str:
+    """The loaded NVIDIA module's flavour from /proc/driver/nvidia/version ("NVIDIA UNIX Open
+    Kernel Module" is the open one); "" when no NVIDIA module is loaded."""
+    text = read_under(root, _NVIDIA_VERSION)
+    if text:
+        return "open" if "Open Kernel Module" in text else "proprietary"
+    if read_under(root, "/sys/module/nvidia/version") is not None:
+        # taint P: a proprietary module is loaded (the open module taints O only)
+        return (
+            "proprietary" if "P" in (read_under(root, "/sys/module/nvidia/taint") or "") else "open"
+        )
+    return ""
+
+
+def gdr(root: str) -> Gdr:
+    """GPUDirect RDMA: nvidia_peermem loaded, else dma-buf (the open module on Linux >= 5.12),
+    else off. ``peermem_module``: the running kernel can load nvidia-peermem (modules.dep)."""
+    kernel = (read_under(root, "/proc/sys/kernel/osrelease") or "").strip()
+    loaded = os.path.isdir(os.path.join(root, "sys/module/nvidia_peermem"))
+    deps = read_under(root, f"/lib/modules/{kernel}/modules.dep") if kernel else None
+    present = bool(deps and re.search(r"/nvidia[-_]peermem\.ko", deps))
+    flavour = module_flavour(root)
+    dmabuf = flavour == "open" and _kernel_major_minor(kernel) >= DMABUF_MIN_KERNEL
+    if loaded:
+        mode, why = PEERMEM, "nvidia_peermem is loaded"
+    elif dmabuf:
+        mode, why = DMABUF, f"open NVIDIA kernel module on Linux {kernel}"
+    else:
+        mode = GDR_OFF
+        module = f"{flavour} NVIDIA kernel module" if flavour else "no NVIDIA kernel module"
+        why = f"nvidia_peermem not loaded; no dma-buf: {module} on Linux {kernel or '?'}"
+        why += " (needs the open module and Linux >= 5.12)"
+    return Gdr(mode, loaded, present, dmabuf, kernel, flavour, why)
+
+
+def fabric_manager(run: Run, nvswitches: tuple[str, ...]) -> str:
+    if not nvswitches:
+        return "not-needed"
+    rc, out = run(["systemctl", "is-active", FABRIC_MANAGER_UNIT], timeout_s=SYSTEMCTL_TIMEOUT_S)
+    word = out.strip().splitlines()[0] if out.strip() else ""
+    if rc in (124, 127) or not word:
+        return "unknown"
+    return word
+
+
+def visible_indexes(value: str | None, count: int) -> set[int] | None:
+    """The GPU indexes CUDA_VISIBLE_DEVICES leaves visible (PCI bus order); None when it names
+    UUIDs or MIG devices, which sysfs cannot map. Unset: all; CUDA stops at the first invalid."""
+    if value is None:
+        return set(range(count))
+    shown: set[int] = set()
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            break
+        if not item.lstrip("-").isdigit():
+            return None
+        index = int(item)
+        if index < 0 or index >= count:
+            break
+        shown.add(index)
+    return shown
+
+
+def read(
+    root: str,
+    run: Run,
+    nvlink: Mapping[str, tuple[int, int]] | None = None,
+    model_links: Mapping[str, int] | None = None,
+    cuda_visible_devices: str | None = None,
+) -> Fabric:
+    """The node's fabric. ``nvlink``: NVML's (active, total) links by GPU bus id; ``model_links``:
+    the link count of each model by PCI device id ("0x2330"), from the caller's spec table;
+    ``cuda_visible_devices``: the variable as the job sees it (None: unset)."""
+    everything = devices(root) or []
+    by_bdf = {d.bdf: d for d in everything}
+    links = {normal_bus_id(k): v for k, v in (nvlink or {}).items()}
+    expected = {k.lower(): v for k, v in (model_links or {}).items()}
+    pci_gpus = [d for d in everything if d.is_gpu]
+    shown = visible_indexes(cuda_visible_devices, len(pci_gpus))
+    gpus = []
+    for index, d in enumerate(pci_gpus):
+        active, total = links.get(d.bdf, (None, None))
+        gpus.append(
+            Gpu(
+                d.bdf,
+                f"0x{d.device:04x}",
+                numa_node(root, d.bdf),
+                d.bridges,
+                active,
+                total,
+                expected.get(f"0x{d.device:04x}"),
+                None if shown is None else index in shown,
+            )
+        )
+    switches = tuple(d.bdf for d in everything if d.is_nvswitch)
+    found = ports(root, by_bdf)
+    return Fabric(
+        tuple(gpus),
+        switches,
+        fabric_manager(run, switches),
+        found,
+        _affinity(root, tuple(gpus), found),
+        gdr(root),
+        default_route_interface(root) or "",
+        cuda_visible_devices,
+    )
+
+
+def rails(fabric: Fabric) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The ports that are rails, and why each other port is not.
+
+    A rail is an InfiniBand or RoCE port, not administratively disabled, whose device sits next
+    to a GPU. Next to: where any port shares a PCIe switch with a GPU (the HGX/DGX design, one
+    NIC under each GPU's switch), only ports that share a PCIe switch with a GPU; on a node where
+    none does, ports on a GPU's NUMA node. A port in INIT or DOWN stays a rail: NCCL skips it, and
+    the verdict names it. Storage and management ports hang off root ports without a GPU beside
+    them: they are never rails.
+    """
+    if not fabric.gpus:
+        return (), {p.hca: "no GPU on the node" for p in fabric.ports}
+    switched = any(a.relation == PCIE_SWITCH for a in fabric.affinity)
+    wanted = (PCIE_SWITCH,) if switched else (PCIE_SWITCH, SAME_NUMA)
+    chosen, left_out = [], {}
+    for port in fabric.ports:
+        near = [a.gpu for a in fabric.affinity if a.port == port.hca and a.relation in wanted]
+        if port.link_layer not in ("InfiniBand", "Ethernet"):
+            left_out[port.hca] = f"link layer {port.link_layer or 'unknown'}"
+        elif port.phys_state == "Disabled":
+            left_out[port.hca] = "physical state Disabled"
+        elif not near:
+            where = "shares no PCIe switch with a GPU" if switched else "on no GPU's NUMA node"
+            left_out[port.hca] = f"{where} (storage or management)"
+        else:
+            chosen.append(port.hca)
+    return tuple(sorted(chosen, key=_natural)), left_out
+
+
+def gid_index(chosen: list[RdmaPort]) -> tuple[int | None, list[str]]:
+    """NCCL_IB_GID_INDEX for the RoCE rails: the RoCE v2 entry holding an IPv4-mapped address
+    (::ffff:a.b.c.d), else the first RoCE v2 entry that is not link-local; one index for all
+    rails (NCCL takes one), the lowest that every RoCE rail has. None on InfiniBand."""
+    roce = [p for p in chosen if p.roce]
+    if not roce:
+        return None, []
+    per_port = []
+    for port in roce:
+        v2 = [g for g in port.gids if g.type == ROCE_V2]
+        best = [g.index for g in v2 if g.ipv4_mapped] or [
+            g.index for g in v2 if not g.gid.startswith("fe80")
+        ]
+        per_port.append((port.hca, best))
+    missing = [name for name, best in per_port if not best]
+    if missing:
+        return None, [f"no RoCE v2 GID with an address on {', '.join(missing)}"]
+    common = set.intersection(*(set(best) for _, best in per_port))
+    if common:
+        return min(common), []
+    first = per_port[0][1][0]
+    return first, [
+        f"RoCE rails disagree on the RoCE v2 GID index; {first} taken from {roce[0].hca}"
+    ]
+
+
+def derive(fabric: Fabric, overrides: Mapping[str, object] | None = None) -> NcclSettings:
+    """The NCCL settings for the node; ``overrides`` (ib_hca, gid_index, tc, sl, socket_ifname)
+    replace the derived value of each key they hold with a value other than None or ""."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None and v != ""}
+    chosen, left_out = rails(fabric)
+    by_name = {p.hca: p for p in fabric.ports}
+    index, problems = gid_index([by_name[n] for n in chosen])
+    derived: dict[str, object] = {
+        "ib_hca": "=" + ",".join(chosen) if chosen else "",
+        "gid_index": index,
+        "tc": DEFAULT_IB_TC,
+        "sl": DEFAULT_IB_SL,
+        "socket_ifname": fabric.default_interface,
+    }
+    origin = {k: "override" if k in given else "derived" for k in derived}
+    value = {**derived, **given}
+    return NcclSettings(
+        ib_hca=str(value["ib_hca"]),
+        gid_index=None if value["gid_index"] is None else int(str(value["gid_index"])),
+        tc=int(str(value["tc"])),
+        sl=int(str(value["sl"])),
+        socket_ifname=str(value["socket_ifname"]),
+        rails=chosen,
+        left_out=left_out,
+        origin=origin,
+        problems=tuple(problems),
+    )
+
+
+def port_counters(root: str, device: str, port: str | int) -> dict[str, int]:
+    """A port's error counters (ports/N/counters/): symbol errors, link downed, receive errors,
+    excessive buffer overruns; a counter sysfs does not hold is left out."""
+    base = f"{RDMA_CLASS}/{device}/ports/{port}/counters"
+    found = {}
+    for name in ERROR_COUNTERS:
+        value = _int(read_under(root, f"{base}/{name}"))
+        if value is not None:
+            found[name] = value
+    return found
