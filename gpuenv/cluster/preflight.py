@@ -53,6 +53,52 @@ def iface_problems(host: Host, probe: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def nccl_versions(facts: Mapping[str, Any]) -> dict[str, str]:
+    """Where each NCCL of a node comes from and its version: the nvidia-nccl wheels and the
+    system's libnccl2 (the probe's facts)."""
+    found = {
+        k.removeprefix("pkg."): str(v) for k, v in facts.items() if k.startswith("pkg.nvidia-nccl-")
+    }
+    if facts.get("nccl.system"):
+        found["libnccl2"] = str(facts["nccl.system"])
+    return found
+
+
+def nccl_known_bad_result(hosts: Sequence[Host], probes: Mapping[str, Mapping[str, Any]]) -> Result:
+    """NCCL versions known to hang or corrupt (gpuenv/data/nccl_known_bad.yaml) on any node:
+    FAIL for a fault in any use, named in the reason with the fixed version; a fault that needs
+    particular conditions (NVLS, symmetric memory) is named and the run goes on."""
+    from gpuenv.known_issues import nccl_findings
+
+    start = time.monotonic()
+    broken: list[str] = []
+    conditional: list[str] = []
+    seen: dict[str, dict[str, str]] = {}
+    for h in hosts:
+        versions = nccl_versions(probes.get(h.name, {}).get("facts", {}))
+        seen[h.name] = versions
+        for where, version in versions.items():
+            for issue in nccl_findings(version):
+                line = f"{h.name}: {where} {issue.describe(version)}"
+                (broken if issue.severity == "error" else conditional).append(line)
+    details = {"versions": seen, "known_bad": broken, "conditional": conditional}
+    measurements = [Measurement("known_bad_nccl", len(broken), threshold=0, bound="max")]
+    duration = time.monotonic() - start
+    if broken:
+        reason = "NCCL known to fail: " + "; ".join(broken)
+        return Result(
+            "nccl-versions", CLUSTER_NODE, Status.FAIL, reason, measurements,
+            duration_s=duration, details=details,
+        )  # fmt: skip
+    reason = "no NCCL version known to hang or corrupt in any use"
+    if conditional:
+        reason += "; under conditions: " + "; ".join(conditional)
+    return Result(
+        "nccl-versions", CLUSTER_NODE, Status.PASS, reason, measurements,
+        duration_s=duration, details=details,
+    )  # fmt: skip
+
+
 def _probe(host: Host, *words: str) -> str:
     return as_user(host, shlex.join([host.python, "-m", "gpuenv.cluster.probe", *words]))
 

@@ -78,6 +78,11 @@ EXPECT = {
     9: ("LD_LIBRARY_PATH", "/usr/local/nccl-2.18.3/lib/libnccl.so.2.18.3", "remove /usr/local"),
     10: ("NCCL_P2P_DISABLE=1", "/etc/environment:2", "/etc/environment"),
     11: ("nouveau drives 1 GPU(s)", "0000:04:00.0 (nouveau)", "blacklist nouveau"),
+    12: (
+        "NCCL 2.29.2 is known to hang: fixed in 2.29.3",
+        "/opt/train/lib/python3.10/site-packages/nvidia/nccl/lib/libnccl.so.2 (NCCL 2.29.2",
+        "nvidia-nccl-cu12>=2.29.3",
+    ),
 }
 
 
