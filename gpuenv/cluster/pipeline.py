@@ -197,6 +197,7 @@ def rendezvous_stage(state: State) -> None:
         r.reason += f" (without {', '.join(gone)}, which did not answer)"
     state.add(r)
     state.add(preflight.nccl_known_bad_result(state.alive, state.probes))
+    state.add(preflight.cuda_compat_result(state.alive, state.probes))
 
 
 # ---------------------------------------------------------------- multi-node launches

@@ -16,6 +16,7 @@ from typing import Any
 from gpuenv.cluster.fanout import GRACE_S, NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
 from gpuenv.cluster.launch import as_user
+from gpuenv.floor import cuda_compat
 from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
 
 IFACE_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -95,6 +96,49 @@ def nccl_known_bad_result(hosts: Sequence[Host], probes: Mapping[str, Mapping[st
         reason += "; under conditions: " + "; ".join(conditional)
     return Result(
         "nccl-versions", CLUSTER_NODE, Status.PASS, reason, measurements,
+        duration_s=duration, details=details,
+    )  # fmt: skip
+
+
+def cuda_compat_result(hosts: Sequence[Host], probes: Mapping[str, Mapping[str, Any]]) -> Result:
+    """Each node's CUDA toolkit (nvcc) against its driver's CUDA, by NVIDIA's compatibility rules
+    compared as numbers (gpuenv.floor.cuda_compat), with a cuda-compat package where there is
+    one. A node without a toolkit or without a driver is not judged here (the checks are)."""
+    start = time.monotonic()
+    failing: dict[str, str] = {}
+    judged: dict[str, str] = {}
+    for h in hosts:
+        facts = probes.get(h.name, {}).get("facts", {})
+        toolkit, driver_cuda = facts.get("cuda.toolkit"), facts.get("cuda.driver_api")
+        if not toolkit or not driver_cuda:
+            continue
+        driver = str(facts.get("driver") or "").split(",")[0] or None
+        try:
+            answer = cuda_compat.compatible(
+                str(toolkit), str(driver_cuda), driver, facts.get("cuda.compat")
+            )
+        except ValueError as exc:
+            failing[h.name] = str(exc)
+            continue
+        (judged if answer.ok else failing)[h.name] = answer.why
+    details = {"failing": failing, "judged": judged}
+    measurements = [Measurement("nodes_failing", len(failing), threshold=0, bound="max")]
+    duration = time.monotonic() - start
+    if failing:
+        reason = "; ".join(f"{n}: {why}" for n, why in failing.items())
+        return Result(
+            "cuda-compat", CLUSTER_NODE, Status.FAIL, reason, measurements,
+            duration_s=duration, details=details,
+        )  # fmt: skip
+    if not judged:
+        return Result(
+            "cuda-compat", CLUSTER_NODE, Status.SKIP,
+            "no node reported both a CUDA toolkit (nvcc) and a driver (nvidia-smi)",
+            duration_s=duration, details=details,
+        )  # fmt: skip
+    reason = "; ".join(f"{n}: {why}" for n, why in judged.items())
+    return Result(
+        "cuda-compat", CLUSTER_NODE, Status.PASS, reason, measurements,
         duration_s=duration, details=details,
     )  # fmt: skip
 

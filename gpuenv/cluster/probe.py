@@ -8,6 +8,7 @@ import. Output is one JSON object on stdout.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -95,6 +96,14 @@ def _toolkits() -> dict[str, str]:
     nccl = package_versions(proc.command_output, ["libnccl2"]).get("libnccl2")
     if nccl:
         facts["nccl.system"] = nccl
+    # NVIDIA's forward-compatibility packages (cuda-compat-X-Y) put their libcuda here.
+    compat = sorted(
+        (int(m[1]), int(m[2]))
+        for path in glob.glob("/usr/local/cuda-*/compat/libcuda.so.*")
+        if (m := re.search(r"/cuda-(\d+)\.(\d+)/compat/", path))
+    )
+    if compat:
+        facts["cuda.compat"] = "{}.{}".format(*compat[-1])
     return facts
 
 

@@ -65,3 +65,23 @@ def test_preflight_names_a_conditional_fault_and_goes_on():
     assert r.status is Status.PASS
     assert "under conditions: n1: nvidia-nccl-cu13 NCCL 2.30.4: hang (NVLS path" in r.reason
     assert "no fixed release known" in r.reason
+
+
+def test_preflight_judges_each_nodes_toolkit_against_its_driver_by_number():
+    from gpuenv.cluster.preflight import cuda_compat_result
+
+    hosts = [SimpleNamespace(name=n) for n in ("n1", "n2", "n3")]
+    probes = {
+        "n1": _probe(**{"cuda.toolkit": "12.8", "cuda.driver_api": "12.9", "driver": "575.51.03"}),
+        "n2": _probe(**{"cuda.toolkit": "13.0", "cuda.driver_api": "12.9", "driver": "575.51.03"}),
+        "n3": _probe(**{"cuda.toolkit": "13.0", "cuda.driver_api": "12.2", "cuda.compat": "13.0"}),
+    }
+    r = cuda_compat_result(hosts, probes)
+    assert r.status is Status.FAIL
+    assert list(r.details["failing"]) == ["n2"]
+    assert "n2: CUDA 13.0 needs a CUDA 13.x driver" in r.reason
+    assert r.details["judged"]["n3"].startswith("CUDA 13.0 through cuda-compat 13.0")
+    ok = cuda_compat_result(hosts[:1], probes)
+    assert ok.status is Status.PASS and "n1: CUDA 12.8 <= CUDA 12.9" in ok.reason
+    none = cuda_compat_result(hosts[:1], {"n1": _probe(**{"cuda.driver_api": "12.9"})})
+    assert none.status is Status.SKIP
