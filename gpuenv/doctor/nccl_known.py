@@ -15,9 +15,11 @@ from gpuenv.doctor.system import System
 
 
 def nccl_known_bad(system: System) -> ClassReading:
+    from gpuenv.known_issues import nccl_findings, nccl_issues
+
     try:
-        from gpuenv.known_issues import nccl_findings
-    except ImportError as exc:  # pyyaml: a bare node running doctor from a checkout
+        nccl_issues()  # the table is YAML: pyyaml is the one library this class needs
+    except ImportError as exc:
         return skipped(12, f"cannot read the known-bad NCCL table: {exc}")
     libs = [lib for lib in find_libraries(system) if lib["version"] != "unknown"]
     if not libs:

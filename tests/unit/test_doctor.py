@@ -485,3 +485,18 @@ def test_socket_ifname_is_judged_from_procfs_on_a_node_without_ip(tmp_path):
     (finding,) = diagnose(root)[8].findings
     assert "does not select eth0" in finding.title
     assert any(e.startswith("/proc/net/fib_trie") for e in finding.evidence)
+
+
+def test_the_known_bad_nccl_class_skips_saying_why_without_pyyaml(tmp_path, monkeypatch):
+    import sys
+
+    from gpuenv import known_issues
+
+    known_issues.nccl_issues.cache_clear()
+    monkeypatch.setitem(sys.modules, "yaml", None)
+    try:
+        reading = diagnose(node(tmp_path, "12-nccl-known-bad"))[12]
+    finally:
+        known_issues.nccl_issues.cache_clear()
+    assert reading.skip.startswith("cannot read the known-bad NCCL table: ")
+    assert not reading.findings
