@@ -8,7 +8,6 @@ import. Output is one JSON object on stdout.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import platform
@@ -21,7 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from gpuenv import proc
-from gpuenv.floor import net
+from gpuenv.floor import cuda_compat, net
 from gpuenv.floor.node import package_versions
 
 # Distributions whose versions must agree across nodes (the Python stack of the jobs).
@@ -96,14 +95,9 @@ def _toolkits() -> dict[str, str]:
     nccl = package_versions(proc.command_output, ["libnccl2"]).get("libnccl2")
     if nccl:
         facts["nccl.system"] = nccl
-    # NVIDIA's forward-compatibility packages (cuda-compat-X-Y) put their libcuda here.
-    compat = sorted(
-        (int(m[1]), int(m[2]))
-        for path in glob.glob("/usr/local/cuda-*/compat/libcuda.so.*")
-        if (m := re.search(r"/cuda-(\d+)\.(\d+)/compat/", path))
-    )
+    compat = cuda_compat.installed_compat("/")  # a cuda-compat-X-Y package's CUDA
     if compat:
-        facts["cuda.compat"] = "{}.{}".format(*compat[-1])
+        facts["cuda.compat"] = compat
     return facts
 
 

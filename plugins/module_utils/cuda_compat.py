@@ -22,6 +22,8 @@ Standard library only: the collection's modules and gpuenv share it (gpuenv.floo
 
 from __future__ import annotations
 
+import glob
+import os
 import re
 from dataclasses import dataclass
 
@@ -31,6 +33,9 @@ MINOR_COMPAT_MIN_DRIVER = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580,)}
 FIRST_MINOR_COMPAT_MAJOR = 11
 
 _CUDA_RE = re.compile(r"(\d+)\.(\d+)")
+# Where NVIDIA's cuda-compat-X-Y packages put their libcuda (the forward-compatibility guide).
+COMPAT_GLOB = "/usr/local/cuda-*/compat/libcuda.so.*"
+_COMPAT_DIR_RE = re.compile(r"/cuda-(\d+)\.(\d+)/compat/")
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,16 @@ class Compatibility:
     ok: bool
     how: str  # "backward", "minor-version", "forward", or "" when it does not run
     why: str
+
+
+def installed_compat(root: str = "/") -> str | None:
+    """The newest CUDA a cuda-compat package under ``root`` provides ('13.0'); None: none."""
+    found = []
+    for path in glob.glob(os.path.join(root, COMPAT_GLOB.lstrip("/"))):
+        m = _COMPAT_DIR_RE.search(path)
+        if m:
+            found.append((int(m.group(1)), int(m.group(2))))
+    return _show(max(found)) if found else None
 
 
 def cuda_version(text: str) -> tuple[int, int]:

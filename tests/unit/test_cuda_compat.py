@@ -3,7 +3,7 @@ NVIDIA's documentation (the URL in the row's reason)."""
 
 import pytest
 
-from gpuenv.floor.cuda_compat import compatible, cuda_version
+from gpuenv.floor.cuda_compat import compatible, cuda_version, installed_compat
 
 GUIDE = "https://docs.nvidia.com/deploy/cuda-compatibility/"
 MINOR = "https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html"
@@ -88,3 +88,13 @@ def test_the_reasons_name_what_to_do():
 def test_what_is_no_cuda_version_is_refused(text):
     with pytest.raises(ValueError, match="is not a CUDA version"):
         cuda_version(text)
+
+
+def test_the_newest_cuda_compat_package_under_root_is_found(tmp_path):
+    assert installed_compat(str(tmp_path)) is None
+    for version in ("12.8", "13.0", "12.10"):
+        folder = tmp_path / "usr" / "local" / f"cuda-{version}" / "compat"
+        folder.mkdir(parents=True)
+        (folder / "libcuda.so.580.65.06").write_text("")
+    (tmp_path / "usr" / "local" / "cuda-13.1").mkdir()  # a toolkit, no compat package
+    assert installed_compat(str(tmp_path)) == "13.0"
