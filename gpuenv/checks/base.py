@@ -195,6 +195,10 @@ def rank_problems(
     return found
 
 
+# details key of a check that ran and measured, with nothing to judge a measurement by.
+NOT_JUDGED = "not_judged"
+
+
 def verdict(
     ctx: Context,
     check: str,
@@ -219,5 +223,7 @@ def verdict(
         why = f"{passed}; NOT JUDGED: {'; '.join(unjudged)}"
         if ctx.strict:
             why += " (--strict: a measurement without a threshold fails)"
+        # It ran: the run verdict says so, not "did not run" (see profiles.skipped).
+        common["details"][NOT_JUDGED] = list(unjudged)
         return Result(check, ctx.node, status, why, **common)
     return Result(check, ctx.node, Status.PASS, passed, **common)

@@ -13,9 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuenv.checks.base import Check, NodeInfo, Placement
+from gpuenv.checks.base import NOT_JUDGED, Check, NodeInfo, Placement
 from gpuenv.errors import BadInput
 from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunVerdict, Status
+
+
+def skipped(name: str, result: Result) -> str:
+    """Why a required check that SKIPped proves nothing: it did not run, or it ran and measured
+    with nothing to judge the measurement by (a GPU missing from the spec table)."""
+    if result.details.get(NOT_JUDGED):
+        return f"required check {name} ran but was not judged: {result.reason}"
+    return f"required check {name} did not run: {result.reason}"
 
 
 def profile_names(thresholds: Mapping[str, Any]) -> list[str]:
@@ -130,7 +138,7 @@ def assess(
             required.append(name)
             result = by_name[name]
             if result.status is Status.SKIP:
-                problems.append(f"required check {name} did not run: {result.reason}")
+                problems.append(skipped(name, result))
     if not any(r.status is Status.PASS for r in results):
         problems.append("nothing was verified: no check passed")
     unverified = (
@@ -237,7 +245,7 @@ def assess_cluster(
                 continue
             required.append(name)
             if result.status is Status.SKIP:
-                problems.append(f"required check {name} did not run: {result.reason}")
+                problems.append(skipped(name, result))
     if not any(r.status is Status.PASS for r in report.results if r.check != "reach"):
         problems.append("nothing was verified: no check passed")
     gpu_verified = any(run.verdict.gpu_verified for run in report.node_reports.values())

@@ -333,10 +333,11 @@ def _gpu_stage(session: _Session, names: list[str], node: NodeInfo) -> None:
             continue
         if failure:
             time.sleep(PEER_REPORT_S)  # let a peer that saw the failure report it
+            events = ranklog.read_events(events_dir)
+        # The ranks' last events are the ones read before anything is killed (see _launched).
+        payloads = ranklog.rank_results(events, name)
         for launch in ranks:
             launch.kill()
-        events = ranklog.read_events(events_dir)
-        payloads = ranklog.rank_results(events, name)
         if failure:
             who = ", ".join(
                 f"rank {r} exited with {proc.describe_exit(c)}" for r, c in sorted(failure.items())
@@ -389,17 +390,23 @@ def _launched(session: _Session, node: NodeInfo, name: str, started: _Prestart) 
     gate.touch()
     opened = time.time()
     complete_since: list[float] = []
+    # The ranks' events as last read before anything is killed: a launcher that is killed may
+    # wake a stopped rank on its way out (Open MPI 4.1's mpirun sends SIGCONT before SIGTERM),
+    # and that rank's late heartbeat would hide the freeze. proc.wait ticks once more after the
+    # launcher exits on its own, before it sweeps what is left of its session.
+    seen: list[dict[int, list[dict[str, Any]]]] = [ranklog.read_events(events_dir)]
 
     def complete() -> bool:
         """Every rank posted its result: allow the launcher TEARDOWN_S to exit, then end it."""
+        seen[0] = ranklog.read_events(events_dir)
         if not complete_since:
-            if len(ranklog.rank_results(ranklog.read_events(events_dir), name)) < world:
+            if len(ranklog.rank_results(seen[0], name)) < world:
                 return False
             complete_since.append(time.monotonic())
         return time.monotonic() - complete_since[0] > TEARDOWN_S
 
     outcome = proc.wait(launch, deadline_s, tick=complete)
-    events = ranklog.read_events(events_dir)
+    events = seen[0]
     payloads = ranklog.rank_results(events, name)
     # Where the time went, from the gate's opening: start-up, each stage, the launcher's exit.
     trace = {

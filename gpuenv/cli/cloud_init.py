@@ -24,12 +24,27 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--source",
         metavar="URL",
-        help="git URL (https://, git://) or tarball URL ({ref} is replaced by the ref) of this "
+        help="https:// git URL or https:// tarball URL ({ref} is replaced by the ref) of this "
         "project; default: this checkout's origin remote",
     )
     p.add_argument(
         "--ref",
-        help="branch, tag or commit to fetch; default: this checkout's HEAD commit",
+        help="branch, tag or commit to fetch (a branch or tag of a git source is pinned to the "
+        "commit it names now); default: this checkout's HEAD commit",
+    )
+    p.add_argument(
+        "--sha256",
+        default="",
+        metavar="HEX",
+        help="SHA-256 of a tarball source; the instance checks it before it unpacks anything",
+    )
+    p.add_argument(
+        "--secrets-command",
+        default="",
+        metavar="CMD",
+        help="command the instance runs at boot (e.g. reading the cloud's secret store with its "
+        "own role); its output, a YAML mapping of variables, is passed to the playbook as extra "
+        "variables and never written to user data",
     )
     p.add_argument(
         "--playbook",
@@ -43,8 +58,10 @@ def register(subparsers: Any) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
+    from gpuenv.cli.argtypes import output_target
     from gpuenv.cloud import userdata
 
+    output_target("-o", args.output, stdout_ok=True)
     root = Path(__file__).resolve().parents[2]
     origin, head = (
         userdata.checkout_defaults(root) if not (args.source and args.ref) else (None, None)
@@ -62,6 +79,8 @@ def handler(args: argparse.Namespace) -> int:
             source=source,
             ref=ref,
             playbook=args.playbook,
+            sha256=args.sha256,
+            secrets_command=args.secrets_command,
         )
     )
     if args.output == "-":
@@ -71,8 +90,8 @@ def handler(args: argparse.Namespace) -> int:
     for note in rendered.notes:
         print(f"gpuenv cloud-init: note: {note}", file=sys.stderr)
     print(
-        f"gpuenv cloud-init: group {args.group}, {source} at {ref}, sources preset "
-        f"{rendered.sources.preset}; {len(rendered.text.encode())} bytes"
+        f"gpuenv cloud-init: group {args.group}, {userdata.mask_url(source)} at {ref}, "
+        f"sources preset {rendered.sources.preset}; {len(rendered.text.encode())} bytes"
         + ("" if args.output == "-" else f" written to {args.output}"),
         file=sys.stderr,
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -50,7 +50,19 @@ USER_DATA_LIMIT = 16384
 _GROUP_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REF_RE = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._/+-]*$")
 _PRIVATE_KEY_RE = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User-Key-File-")
-_SECRET_NAME_RE = re.compile(r"password|passwd|passphrase|secret|token", re.IGNORECASE)
+# Names of variables (at any depth: gpu_env_extra_env.HF_TOKEN) that hold a secret by convention.
+_SECRET_NAME_RE = re.compile(
+    r"password|passwd|passphrase|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|"
+    r"credential",
+    re.IGNORECASE,
+)
+# A URL's userinfo: `user:password@` or a bare `token@` (how git hosts and indexes take tokens).
+_URL_CREDENTIALS_RE = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/\s:@]+)(?::(?P<password>[^/\s@]*))?@"
+)
+_COMMIT_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_TARBALL_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 _CERT_RE = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
 # Controller-side settings that mean nothing on the node (paths on the controller).
 _DROPPED = ("ssh_mesh_private_key_file", "ssh_mesh_key_dir", "gpuenv_ca_bundle")
@@ -65,6 +77,8 @@ class Request:
     source: str  # git URL, or tarball URL ({ref} in it is replaced by the ref)
     ref: str
     playbook: str = DEFAULT_PLAYBOOK
+    sha256: str = ""  # a tarball's SHA-256, checked on the node before anything runs
+    secrets_command: str = ""  # run on the node at boot; its output is the secrets file
     ansible: str = ANSIBLE_REQUIREMENT
     ansible_py310: str = ANSIBLE_PY310_REQUIREMENT
 
@@ -86,29 +100,102 @@ def check_ref(ref: str) -> str:
     return ref
 
 
+def mask_url(text: str) -> str:
+    """``text`` with each URL's secret replaced by ``***`` and nothing else touched:
+    ``https://u:***@example.com/simple``, and ``https://***@github.com/o/r`` for a bare token."""
+
+    def masked(found: re.Match[str]) -> str:
+        if found["password"] is not None:
+            return f"{found['scheme']}{found['user']}:***@"
+        return f"{found['scheme']}***@"
+
+    return _URL_CREDENTIALS_RE.sub(masked, text)
+
+
+def is_tarball(url: str) -> bool:
+    return urlsplit(url).path.endswith(_TARBALL_SUFFIXES)
+
+
 def check_source(url: str) -> str:
-    """A URL the instance can fetch without credentials of the controller's."""
+    """A URL the instance can fetch without credentials of the controller's, with authenticity:
+    https only (a git repository over https, or a tarball)."""
     if re.match(r"^[\w.-]+@[\w.-]+:", url) or url.startswith(("ssh://", "git+ssh://")):
         raise BadInput(
             f"--source {url!r} is an SSH URL: the instance would need a private key, and user "
             "data must hold none; use an https:// git URL or a tarball URL"
         )
+    if _URL_CREDENTIALS_RE.search(url):
+        raise BadInput(
+            f"--source {mask_url(url)} carries credentials; user data is readable from the "
+            "instance's metadata service"
+        )
     try:
         parts = urlsplit(url)
     except ValueError as exc:
         raise BadInput(f"--source {url!r} is not a URL ({exc})") from None
-    if parts.scheme not in ("https", "http", "git", "file") or (
-        parts.scheme != "file" and not parts.hostname
-    ):
+    if parts.scheme in ("http", "git", "file"):
         raise BadInput(
-            f"--source {url!r} is not a git or tarball URL (https://, http://, git:// or file://)"
+            f"--source {url}: {parts.scheme}:// is refused: the bootstrap runs what it fetches "
+            "as root at first boot, so it fetches over https:// only (a git repository, or a "
+            "tarball with --sha256)"
         )
-    if parts.username or parts.password:
-        raise BadInput(
-            f"--source {url.replace(parts.password or '', '***') if parts.password else url!r} "
-            "carries credentials; user data is readable from the instance's metadata service"
-        )
+    if parts.scheme != "https" or not parts.hostname:
+        raise BadInput(f"--source {url!r} is not an https:// git or tarball URL")
     return url
+
+
+def check_sha256(source: str, sha256: str) -> str:
+    """``--sha256`` goes with a tarball source: 64 hex digits, lower case."""
+    if not sha256:
+        return ""
+    if not is_tarball(source):
+        raise BadInput(
+            f"--sha256 is for a tarball source; {source} is a git repository, which the "
+            "bootstrap fetches at a pinned commit"
+        )
+    value = sha256.lower()
+    if not _SHA256_RE.match(value):
+        raise BadInput(f"--sha256 {sha256!r} is not a SHA-256 (64 hex digits)")
+    return value
+
+
+def ls_remote(source: str, ref: str) -> str:
+    """``git ls-remote SOURCE REF``'s listing; BadInput when git cannot answer in time."""
+    try:
+        # An annotated tag's commit is listed as REF^{} only when asked for by that name.
+        argv = ["git", "ls-remote", "--", source, ref, f"{ref}^{{}}"]
+        done = proc.capture(argv, GIT_DEADLINE_S)
+    except OSError as exc:
+        raise BadInput(f"--ref {ref}: cannot run git to resolve it ({exc})") from None
+    if done.returncode is None:
+        raise BadInput(
+            f"--ref {ref}: git ls-remote {mask_url(source)} did not answer in {GIT_DEADLINE_S} s"
+        )
+    if done.returncode != 0:
+        said = (done.stderr or "").strip().splitlines()
+        raise BadInput(
+            f"--ref {ref}: git ls-remote {mask_url(source)} failed (exit {done.returncode})"
+            + (f": {mask_url(said[-1])}" if said else "")
+        )
+    return done.stdout
+
+
+def resolve_ref(source: str, ref: str, listing: Callable[[str, str], str] | None = None) -> str:
+    """The commit a branch or tag names at ``source`` now (a full commit is kept as it is), so
+    that every instance booted from this user data runs the same code."""
+    if _COMMIT_RE.match(ref):
+        return ref
+    found: dict[str, str] = {}
+    for line in (listing or ls_remote)(source, ref).splitlines():
+        commit, _, name = line.partition("\t")
+        found[name.strip()] = commit.strip()
+    # git's own order for a short name: a tag (peeled to its commit) before a branch.
+    for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
+        if name in found and _COMMIT_RE.match(found[name]):
+            return found[name]
+    if re.match(r"^[0-9a-f]{4,39}$", ref):
+        raise BadInput(f"--ref {ref} looks like a short commit: give the full 40-digit commit")
+    raise BadInput(f"--ref {ref} is neither a branch nor a tag of {mask_url(source)}")
 
 
 def checkout_defaults(root: Path) -> tuple[str | None, str | None]:
@@ -166,23 +253,34 @@ def group_vars(data: Mapping[str, Any], groups: list[str], group: str, where: st
     return merged
 
 
+_KEEP_OUT = (
+    "user data is readable from the instance's metadata service; pass secrets in a secrets "
+    "file on the instance (--secrets-command, docs/cloud.md)"
+)
+
+
 def _refuse_secrets(name: str, value: Any) -> None:
+    """Refuse a secret anywhere in ``value``, naming its path (``gpu_env_extra_env.HF_TOKEN``)."""
+    if _SECRET_NAME_RE.search(name.rpartition(".")[2]) and value not in (None, "", [], {}):
+        raise BadInput(f"variable {name} looks like a secret: {_KEEP_OUT}")
     if isinstance(value, Mapping):
         if "__ansible_vault" in value:
-            raise BadInput(
-                f"variable {name} is vault-encrypted: user data is readable from the instance's "
-                "metadata service; keep secrets out of the group's variables"
-            )
+            raise BadInput(f"variable {name} is vault-encrypted: {_KEEP_OUT}")
         for key, item in value.items():
             _refuse_secrets(f"{name}.{key}", item)
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _refuse_secrets(f"{name}[{i}]", item)
-    elif isinstance(value, str) and _PRIVATE_KEY_RE.search(value):
-        raise BadInput(
-            f"variable {name} holds private key material; user data never carries a private key "
-            "(the node joins the SSH mesh on the next site.yml run from the controller)"
-        )
+    elif isinstance(value, str):
+        if _PRIVATE_KEY_RE.search(value):
+            raise BadInput(
+                f"variable {name} holds private key material; user data never carries a private "
+                "key (the node joins the SSH mesh on the next site.yml run from the controller)"
+            )
+        if _URL_CREDENTIALS_RE.search(value):
+            raise BadInput(
+                f"variable {name} has credentials in a URL ({mask_url(value)}): {_KEEP_OUT}"
+            )
 
 
 def node_variables(variables: Mapping[str, Any]) -> dict[str, Any]:
@@ -192,11 +290,6 @@ def node_variables(variables: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in variables.items():
         if name.startswith("ansible_") or name in _DROPPED:
             continue
-        if _SECRET_NAME_RE.search(name) and value not in (None, "", [], {}):
-            raise BadInput(
-                f"variable {name} looks like a secret: user data is readable from the instance's "
-                "metadata service; pass it from the controller instead"
-            )
         _refuse_secrets(name, value)
         out[name] = value
     return out
@@ -229,11 +322,17 @@ def check_profile(variables: Mapping[str, Any]) -> str:
     return str(profile)
 
 
-def _env_file(req: Request, sources: src.Sources, node_venv: str, profile: str) -> str:
+def _env_file(
+    req: Request, sources: src.Sources, node_venv: str, profile: str, commit: str, sha256: str
+) -> str:
     values = {
         "GPUENV_GROUP": req.group,
         "GPUENV_SOURCE": req.source,
         "GPUENV_REF": req.ref,
+        # A git source's ref as the commit it named when the user data was rendered.
+        "GPUENV_COMMIT": commit,
+        "GPUENV_SHA256": sha256,
+        "GPUENV_SECRETS_COMMAND": req.secrets_command,
         "GPUENV_PLAYBOOK": req.playbook,
         "GPUENV_SKIP_TAGS": ",".join(SKIP_TAGS),
         "GPUENV_ANSIBLE": req.ansible,
@@ -291,22 +390,22 @@ def render(req: Request) -> UserData:
     """The user data for a new instance of ``req.group``; BadInput before anything is written."""
     check_source(req.source)
     check_ref(req.ref)
+    sha256 = check_sha256(req.source, req.sha256)
     data, groups = inventory.export(req.inventory)
     variables = group_vars(data, groups, req.group, req.inventory)
+    node_vars = node_variables(variables)  # refuses secrets before anything else reads them
     sources, warnings = resolve_sources(variables)
-    proxies = {
-        "gpuenv_http_proxy": sources.http_proxy,
-        "gpuenv_https_proxy": sources.https_proxy,
-        "gpuenv_apt_proxy": sources.apt_proxy,
-    }
-    for name, url in proxies.items():
-        if url and urlsplit(url).password:
-            raise BadInput(
-                f"{name} carries a password: user data is readable from the instance's metadata "
-                "service; use a proxy that admits the instances by address"
-            )
     certs = ca_certificates(sources.ca_bundle)
-    node_vars = node_variables(variables)
+    notes = [*warnings, *sources.notes]
+    if is_tarball(req.source):
+        commit = ""
+        if not sha256:
+            notes.append(
+                "no --sha256: the bootstrap runs the tarball unchecked; give its SHA-256 "
+                "(sha256sum FILE) to pin what every instance runs"
+            )
+    else:
+        commit = resolve_ref(req.source, req.ref)
     node_venv = str(variables.get("gpu_env_venv") or DEFAULT_NODE_VENV)
     script = resources.files("gpuenv.cloud").joinpath("templates/bootstrap.sh").read_text()
     env = jinja2.Environment(
@@ -320,11 +419,12 @@ def render(req: Request) -> UserData:
         resources.files("gpuenv.cloud").joinpath("templates/user-data.yaml.j2").read_text()
     )
     header = f"# The variables of inventory group {req.group}, as `gpuenv cloud-init` read them.\n"
-    env_file = _env_file(req, sources, node_venv, check_profile(variables))
+    env_file = _env_file(req, sources, node_venv, check_profile(variables), commit, sha256)
     text = template.render(
         group=req.group,
         source=req.source,
         ref=req.ref,
+        commit=commit,
         playbook=req.playbook,
         ca_certs=certs,
         # Each file's content is a YAML block scalar, which gives back its final newline.
@@ -335,7 +435,6 @@ def render(req: Request) -> UserData:
     )
     if _PRIVATE_KEY_RE.search(text):  # the last guard: nothing above may let one through
         raise BadInput("the rendered user data would hold a private key; refusing")
-    notes = [*warnings, *sources.notes]
     size = len(text.encode())
     if size > USER_DATA_LIMIT:
         notes.append(

@@ -203,6 +203,8 @@ def rendezvous_stage(state: State) -> None:
     if gone:
         r.reason += f" (without {', '.join(gone)}, which did not answer)"
     state.add(r)
+    state.add(preflight.nccl_known_bad_result(state.alive, state.probes))
+    state.add(preflight.cuda_compat_result(state.alive, state.probes))
 
 
 # ---------------------------------------------------------------- multi-node launches

@@ -16,6 +16,7 @@ from typing import Any
 from gpuenv.cluster.fanout import GRACE_S, NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
 from gpuenv.cluster.launch import as_user
+from gpuenv.floor import cuda_compat
 from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
 
 IFACE_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -51,6 +52,95 @@ def iface_problems(host: Host, probe: Mapping[str, Any]) -> list[str]:
         if spec and not iface_matches(str(spec), interfaces):
             problems.append(f"{var}={spec} matches no interface (has: {', '.join(interfaces)})")
     return problems
+
+
+def nccl_versions(facts: Mapping[str, Any]) -> dict[str, str]:
+    """Where each NCCL of a node comes from and its version: the nvidia-nccl wheels and the
+    system's libnccl2 (the probe's facts)."""
+    found = {
+        k.removeprefix("pkg."): str(v) for k, v in facts.items() if k.startswith("pkg.nvidia-nccl-")
+    }
+    if facts.get("nccl.system"):
+        found["libnccl2"] = str(facts["nccl.system"])
+    return found
+
+
+def nccl_known_bad_result(hosts: Sequence[Host], probes: Mapping[str, Mapping[str, Any]]) -> Result:
+    """NCCL versions known to hang or corrupt (gpuenv/data/nccl_known_bad.yaml) on any node:
+    FAIL for a fault in any use, named in the reason with the fixed version; a fault that needs
+    particular conditions (NVLS, symmetric memory) is named and the run goes on."""
+    from gpuenv.known_issues import nccl_findings
+
+    start = time.monotonic()
+    broken: list[str] = []
+    conditional: list[str] = []
+    seen: dict[str, dict[str, str]] = {}
+    for h in hosts:
+        versions = nccl_versions(probes.get(h.name, {}).get("facts", {}))
+        seen[h.name] = versions
+        for where, version in versions.items():
+            for issue in nccl_findings(version):
+                line = f"{h.name}: {where} {issue.describe(version)}"
+                (broken if issue.severity == "error" else conditional).append(line)
+    details = {"versions": seen, "known_bad": broken, "conditional": conditional}
+    measurements = [Measurement("known_bad_nccl", len(broken), threshold=0, bound="max")]
+    duration = time.monotonic() - start
+    if broken:
+        reason = "NCCL known to fail: " + "; ".join(broken)
+        return Result(
+            "nccl-versions", CLUSTER_NODE, Status.FAIL, reason, measurements,
+            duration_s=duration, details=details,
+        )  # fmt: skip
+    reason = "no NCCL version known to hang or corrupt in any use"
+    if conditional:
+        reason += "; under conditions: " + "; ".join(conditional)
+    return Result(
+        "nccl-versions", CLUSTER_NODE, Status.PASS, reason, measurements,
+        duration_s=duration, details=details,
+    )  # fmt: skip
+
+
+def cuda_compat_result(hosts: Sequence[Host], probes: Mapping[str, Mapping[str, Any]]) -> Result:
+    """Each node's CUDA toolkit (nvcc) against its driver's CUDA, by NVIDIA's compatibility rules
+    compared as numbers (gpuenv.floor.cuda_compat), with a cuda-compat package where there is
+    one. A node without a toolkit or without a driver is not judged here (the checks are)."""
+    start = time.monotonic()
+    failing: dict[str, str] = {}
+    judged: dict[str, str] = {}
+    for h in hosts:
+        facts = probes.get(h.name, {}).get("facts", {})
+        toolkit, driver_cuda = facts.get("cuda.toolkit"), facts.get("cuda.driver_api")
+        if not toolkit or not driver_cuda:
+            continue
+        driver = str(facts.get("driver") or "").split(",")[0] or None
+        try:
+            answer = cuda_compat.compatible(
+                str(toolkit), str(driver_cuda), driver, facts.get("cuda.compat")
+            )
+        except ValueError as exc:
+            failing[h.name] = str(exc)
+            continue
+        (judged if answer.ok else failing)[h.name] = answer.why
+    details = {"failing": failing, "judged": judged}
+    measurements = [Measurement("nodes_failing", len(failing), threshold=0, bound="max")]
+    duration = time.monotonic() - start
+    if failing:
+        reason = "; ".join(f"{n}: {why}" for n, why in failing.items())
+        return Result(
+            "cuda-compat", CLUSTER_NODE, Status.FAIL, reason, measurements,
+            duration_s=duration, details=details,
+        )  # fmt: skip
+    if not judged:
+        return Result(
+            "cuda-compat", CLUSTER_NODE, Status.SKIP,
+            "no node reported both a CUDA toolkit (nvcc) and a driver (nvidia-smi)",
+            duration_s=duration, details=details,
+        )  # fmt: skip
+    reason = "; ".join(f"{n}: {why}" for n, why in judged.items())
+    return Result(
+        "cuda-compat", CLUSTER_NODE, Status.PASS, reason, measurements,
+        duration_s=duration, details=details,
+    )  # fmt: skip
 
 
 def _probe(host: Host, *words: str) -> str:

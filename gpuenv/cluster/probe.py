@@ -21,7 +21,7 @@ from importlib import metadata
 from typing import Any
 
 from gpuenv import proc
-from gpuenv.floor import net
+from gpuenv.floor import cuda_compat, net
 from gpuenv.floor.node import package_versions
 
 # Distributions whose versions must agree across nodes (the Python stack of the jobs).
@@ -96,6 +96,9 @@ def _toolkits() -> dict[str, str]:
     nccl = package_versions(proc.command_output, ["libnccl2"]).get("libnccl2")
     if nccl:
         facts["nccl.system"] = nccl
+    compat = cuda_compat.installed_compat("/")  # a cuda-compat-X-Y package's CUDA
+    if compat:
+        facts["cuda.compat"] = compat
     return facts
 
 

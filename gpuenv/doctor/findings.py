@@ -36,6 +36,7 @@ CLASSES: tuple[DiagnosisClass, ...] = (
     DiagnosisClass(
         11, "driver-bound", "every NVIDIA GPU on the bus is driven by the NVIDIA driver"
     ),
+    DiagnosisClass(12, "nccl-known-bad", "no NCCL version known to hang or corrupt data"),
 )
 BY_NUMBER = {c.number: c for c in CLASSES}
 BY_CHECK = {f"doctor.{c.name}": c for c in CLASSES}

@@ -4,7 +4,7 @@ Run by molecule/cluster/verify.yml on the converged scenario (or by hand with th
 environment molecule sets):
 
     python molecule/cluster/fault_test.py --inventory INV --playbook molecule/cluster/converge.yml \
-        --victim cl-node3 --launcher cl-node1
+        --victim cl-node3 --others cl-node1 cl-node2
 
 0. Bad variables (unknown user, malformed key path, empty group) stop the
    run in preflight with a message naming the variable, before anything changes.

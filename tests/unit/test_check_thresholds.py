@@ -73,7 +73,8 @@ def test_specs_match_exactly_never_by_substring():
     assert model_spec(specs, {"name": "NVIDIA H20"})["key"] == "H20"
     assert model_spec(specs, {"name": "NVIDIA H200 NVL"})["key"] == "H200-NVL"
     assert model_spec(specs, {"name": "NVIDIA H2000"}) is None
-    assert model_spec(specs, {"name": "Tesla T4"}) is None
+    assert model_spec(specs, {"name": "Tesla T4"})["key"] == "T4"
+    assert model_spec(specs, {"name": "Tesla P100-PCIE-16GB"}) is None  # no row: not judged
 
 
 def test_nccl_passes_above_and_fails_below_the_threshold():
@@ -223,14 +224,14 @@ gpu_specs:
     nvlink_gbps: 450
     source: the vendor's figures as our supplier gave them
 """
-T4_ROW = """\
+P100_ROW = """\
 gpu_specs:
-  T4:
-    names: ["Tesla T4"]
-    pci_ids: ["0x1eb8"]
-    fp16_dense_tflops: 65
+  P100-PCIE:
+    names: ["Tesla P100-PCIE-16GB"]
+    pci_ids: ["0x15f8"]
+    fp16_dense_tflops: 18.7
     pcie_gen: 3
-    source: NVIDIA T4 datasheet, mixed-precision FP16/FP32 65 TFLOPS; PCIe Gen3 x16
+    source: NVIDIA Tesla P100 datasheet, PCIe column, half precision 18.7 TFLOPS; PCIe Gen3 x16
 """
 
 
@@ -251,18 +252,18 @@ def test_a_null_spec_row_is_not_judged_until_a_thresholds_file_fills_it(tmp_path
 
 def test_a_thresholds_file_adds_a_gpu_the_table_lacks(tmp_path):
     path = tmp_path / "t.yaml"
-    path.write_text(T4_ROW + "nccl:\n  efficiency:\n    T4: {PCIe: 0.4}\n")
+    path.write_text(P100_ROW + "nccl:\n  efficiency:\n    P100-PCIE: {PCIe: 0.4}\n")
     thresholds = load_thresholds(path)
     specs = load_specs(thresholds["gpu_specs"])
-    assert model_spec(specs, {"name": "Tesla T4"})["fp16_dense_tflops"] == 65
-    assert model_spec(specs, {"name": "x", "pci_device_id": "0x1eb8"})["key"] == "T4"
-    assert nccl_efficiency(thresholds, "T4", "PCIe") == 0.4
+    assert model_spec(specs, {"name": "Tesla P100-PCIE-16GB"})["fp16_dense_tflops"] == 18.7
+    assert model_spec(specs, {"name": "x", "pci_device_id": "0x15f8"})["key"] == "P100-PCIE"
+    assert nccl_efficiency(thresholds, "P100-PCIE", "PCIe") == 0.4
 
 
 def test_the_text_form_is_the_file_form(tmp_path):
     path = tmp_path / "t.yaml"
-    path.write_text(T4_ROW)
-    assert load_thresholds(text=T4_ROW) == load_thresholds(path)
+    path.write_text(P100_ROW)
+    assert load_thresholds(text=P100_ROW) == load_thresholds(path)
 
 
 def test_requires_names_the_user_may_give(tmp_path):

@@ -1,6 +1,7 @@
 """The bootstrap script run under bash against a scratch root, with fakes for apt-get, the venv,
 ansible-playbook and gpuenv check, and a real git repository for the fetch stage."""
 
+import hashlib
 import json
 import os
 import shlex
@@ -195,3 +196,90 @@ def test_script_is_shellcheck_clean():
         ["shellcheck", str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stdout
+
+
+@pytest.fixture
+def tarball(node, tmp_path):
+    """A release tarball of the project (one top folder, as GitHub's archives have), served by a
+    fake curl that records the URL it was asked for."""
+    _, bin_dir, _ = node
+    top = tmp_path / "tree" / "gpuenv-v1"
+    top.mkdir(parents=True)
+    (top / "site.yml").write_text("---\n")
+    archive = tmp_path / "gpuenv-v1.tar.gz"
+    subprocess.run(["tar", "-czf", str(archive), "-C", str(top.parent), top.name], check=True)
+    _fake(
+        bin_dir / "curl",
+        'while [ "$#" -gt 1 ]; do [ "$1" != -o ] || out=$2; shift; done\n'
+        f'echo "$1" >"$GPUENV_ROOT/curl.url"; cp {archive} "$out"',
+    )
+    return hashlib.sha256(archive.read_bytes()).hexdigest()
+
+
+def test_a_tarball_with_the_right_sha256_is_unpacked_and_converged(node, tarball):
+    root, bin_dir, _ = node
+    source = "https://git.example.org/gpuenv/archive/{ref}.tar.gz"
+    _env_file(root, "", "v1", GPUENV_SOURCE=source, GPUENV_SHA256=tarball)
+    done, marker = _run(root, bin_dir)
+    assert done.returncode == 0, done.stderr
+    assert (marker["status"], marker["verdict"]) == ("done", "pass")
+    assert (root / "curl.url").read_text() == "https://git.example.org/gpuenv/archive/v1.tar.gz\n"
+    log = (root / "var" / "log" / "gpuenv-bootstrap.log").read_text()
+    assert f"SHA-256 of the tarball checked: {tarball}" in log
+
+
+def test_a_tarball_with_a_wrong_sha256_stops_before_anything_runs(node, tarball):
+    root, bin_dir, _ = node
+    source = "https://git.example.org/gpuenv/archive/{ref}.tar.gz"
+    wrong = "0" * 64
+    _env_file(root, "", "v1", GPUENV_SOURCE=source, GPUENV_SHA256=wrong)
+    done, marker = _run(root, bin_dir)
+    assert done.returncode == 1
+    assert (marker["status"], marker["stage"]) == ("failed", "fetch")
+    assert f"SHA-256 of {source} is {tarball}, expected {wrong}" in marker["reason"]
+    # Nothing of it was unpacked, let alone run.
+    assert not (root / "opt" / "gpuenv-bootstrap" / "project").exists()
+    assert not (root / "opt" / "gpuenv-bootstrap" / "project.new" / "site.yml").exists()
+    log = (root / "var" / "log" / "gpuenv-bootstrap.log").read_text()
+    assert "stage converge" not in log and "ansible-playbook site.yml" not in log
+
+
+def test_the_pinned_commit_is_fetched_not_where_the_ref_points_now(node):
+    root, bin_dir, repo = node
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    pinned = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "moved on"], check=True)
+    _env_file(root, repo, "master", GPUENV_COMMIT=pinned.stdout.strip())
+    done, marker = _run(root, bin_dir)
+    assert done.returncode == 0, done.stderr
+    assert marker["commit"] == pinned.stdout.strip()
+
+
+def test_secrets_come_from_the_command_to_a_root_only_file_passed_as_extra_vars(node):
+    root, bin_dir, repo = node
+    _env_file(
+        root, repo, "v1", GPUENV_SECRETS_COMMAND="printf 'gpu_env_extra_env: {HF_TOKEN: hf_s3}\\n'"
+    )
+    done, _ = _run(root, bin_dir)
+    assert done.returncode == 0, done.stderr
+    secrets = root / "etc" / "gpuenv" / "secrets.yml"
+    assert secrets.read_text() == "gpu_env_extra_env: {HF_TOKEN: hf_s3}\n"
+    assert secrets.stat().st_mode & 0o777 == 0o600
+    log = (root / "var" / "log" / "gpuenv-bootstrap.log").read_text()
+    assert f"--skip-tags ssh,validate --extra-vars @{secrets}" in log
+    assert "hf_s3" not in log
+
+
+def test_a_secrets_file_the_user_placed_is_passed_and_none_is_fine(node):
+    root, bin_dir, repo = node
+    _env_file(root, repo, "v1")
+    done, _ = _run(root, bin_dir)
+    log = (root / "var" / "log" / "gpuenv-bootstrap.log").read_text()
+    assert done.returncode == 0 and "--extra-vars" not in log
+    secrets = root / "etc" / "gpuenv" / "secrets.yml"
+    secrets.write_text("wandb_api_key: placed\n")
+    secrets.chmod(0o644)
+    done, _ = _run(root, bin_dir)
+    assert done.returncode == 0, done.stderr
+    assert f"--extra-vars @{secrets}" in (root / "var/log/gpuenv-bootstrap.log").read_text()
+    assert secrets.stat().st_mode & 0o777 == 0o600

@@ -78,6 +78,11 @@ EXPECT = {
     9: ("LD_LIBRARY_PATH", "/usr/local/nccl-2.18.3/lib/libnccl.so.2.18.3", "remove /usr/local"),
     10: ("NCCL_P2P_DISABLE=1", "/etc/environment:2", "/etc/environment"),
     11: ("nouveau drives 1 GPU(s)", "0000:04:00.0 (nouveau)", "blacklist nouveau"),
+    12: (
+        "NCCL 2.29.2 is known to hang: fixed in 2.29.3",
+        "/opt/train/lib/python3.10/site-packages/nvidia/nccl/lib/libnccl.so.2 (NCCL 2.29.2",
+        "nvidia-nccl-cu12>=2.29.3",
+    ),
 }
 
 
@@ -480,3 +485,18 @@ def test_socket_ifname_is_judged_from_procfs_on_a_node_without_ip(tmp_path):
     (finding,) = diagnose(root)[8].findings
     assert "does not select eth0" in finding.title
     assert any(e.startswith("/proc/net/fib_trie") for e in finding.evidence)
+
+
+def test_the_known_bad_nccl_class_skips_saying_why_without_pyyaml(tmp_path, monkeypatch):
+    import sys
+
+    from gpuenv import known_issues
+
+    known_issues.nccl_issues.cache_clear()
+    monkeypatch.setitem(sys.modules, "yaml", None)
+    try:
+        reading = diagnose(node(tmp_path, "12-nccl-known-bad"))[12]
+    finally:
+        known_issues.nccl_issues.cache_clear()
+    assert reading.skip.startswith("cannot read the known-bad NCCL table: ")
+    assert not reading.findings

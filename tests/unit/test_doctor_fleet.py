@@ -12,6 +12,7 @@ from gpuenv.cli import main
 from gpuenv.cluster.fanout import NodeAnswer
 from gpuenv.cluster.inventory import Host
 from gpuenv.doctor import fleet
+from gpuenv.doctor.findings import CLASSES
 from gpuenv.results import Status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ def test_fleet_compares_nodes_and_names_the_one_without_a_report(tmp_path, monke
     assert by[("n1", "doctor.gpudirect-rdma")].status is Status.PASS
     lost = by[("n3", "doctor")]
     assert lost.status is Status.ERROR and "unreachable at 10.0.0.3" in lost.reason
-    assert len(results) == 23  # 11 classes on n1 and n2, one ERROR for n3
+    assert len(results) == 2 * len(CLASSES) + 1  # every class on n1 and n2, one ERROR for n3
 
 
 def test_fleet_runs_doctor_on_a_local_node_for_real(tmp_path):

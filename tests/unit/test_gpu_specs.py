@@ -47,6 +47,12 @@ REQUIRED_KEYS = {
     "B200",
     "RTX-4090",
     "RTX-5090",
+    "GB200",
+    "B300",
+    "A10G",
+    "T4",
+    "V100-SXM2",
+    "V100-PCIE",
 }
 PCI_ID = re.compile(r"^0x[0-9a-f]{4}$")
 
@@ -130,7 +136,9 @@ def test_variants_of_one_family_are_separate_rows() -> None:
     assert rows["A100-SXM4-40GB"]["pci_ids"] != rows["A100-SXM4-80GB"]["pci_ids"]
 
 
-@pytest.mark.parametrize("key", ["RTX-4090", "RTX-5090", "L4", "L40", "L40S", "A10"])
+@pytest.mark.parametrize(
+    "key", ["RTX-4090", "RTX-5090", "L4", "L40", "L40S", "A10", "A10G", "T4", "V100-PCIE"]
+)
 def test_gpus_without_nvlink_have_none(key: str) -> None:
     assert _by_key()[key]["nvlink_gbps"] is None
 
@@ -154,3 +162,14 @@ def test_pcie_section_is_the_pci_sig_table() -> None:
         6: {"gts": 64.0, "encoding": 0.945312},
     }
     assert pcie["generations"][5]["gts"] == 32.0
+
+
+@pytest.mark.parametrize(
+    ("key", "fp16", "nvlink"),
+    [("GB200", 2500, 900), ("B300", 2250, 900), ("T4", 65, None), ("V100-SXM2", 125, 150),
+     ("V100-PCIE", 112, None)],
+)  # fmt: skip
+def test_added_rows_carry_the_datasheet_figures_and_cite_a_url(key, fp16, nvlink) -> None:
+    row = _by_key()[key]
+    assert row["fp16_dense_tflops"] == fp16 and row["nvlink_gbps"] == nvlink
+    assert "https://www.nvidia.com/" in row["source"]

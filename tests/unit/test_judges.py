@@ -147,6 +147,19 @@ def test_cupy_on_a_gpu_without_spec_skips_naming_it():
     assert "no fp16 spec for 'NVIDIA H20' (PCI id 0x2329)" in result.reason
 
 
+def test_a_gpu_missing_from_the_spec_table_ran_and_the_verdict_says_so():
+    from gpuenv.checks import REGISTRY
+    from gpuenv.checks.profiles import assess
+
+    gpu = {**H200, "name": "NVIDIA Unlisted", "pci_device_id": "0x9999"}
+    result = _cupy(gpu=gpu)
+    assert result.status is Status.SKIP and result.measurements  # it measured
+    run = assess(load_thresholds(), "quick", NodeInfo(gpus=[gpu]), [result], REGISTRY)
+    said = [p for p in run.problems if "required check cupy" in p]
+    assert said and said[0].startswith("required check cupy ran but was not judged: ")
+    assert not any("cupy did not run" in p for p in run.problems)
+
+
 def test_streams_fails_when_copy_and_compute_serialise():
     def payload(overlap):
         return {"overlap": overlap, "t_copy_ms": 5, "t_compute_ms": 5, "t_both_ms": 10}

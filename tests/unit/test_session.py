@@ -99,6 +99,21 @@ def test_a_rank_frozen_in_the_same_stage_as_its_peer_is_named(monkeypatch):
     assert proc.processes_with_env("GPUENV_FAULT", fault) == []
 
 
+def test_a_frozen_rank_is_named_although_the_launcher_wakes_it_when_killed(monkeypatch):
+    """Open MPI 4.1: SIGTERM to mpirun sends SIGCONT to its ranks; the stopped rank wakes and
+    beats on its way out. The ranks' events are taken before anything is killed, so that late
+    beat cannot hide the freeze (read after the kill, this said "none fell behind")."""
+    fault = "freeze:rank=1:check=launched:stage=meet"
+    monkeypatch.setenv("GPUENV_FAULT", fault)
+    monkeypatch.setenv("FAKE_LAUNCHER_WAKES_RANKS", "1")
+    results, _, _ = _run(["launched"], deadlines={"launched": 5})
+    r = results["launched"]
+    assert r.status is Status.FAIL
+    assert r.details["ranks_behind"] == [1], r.reason
+    assert "rank 1 (frozen in 'meet'" in r.reason
+    assert proc.processes_with_env("GPUENV_FAULT", fault) == []
+
+
 def test_launchers_start_during_the_probe_on_its_guess(monkeypatch):
     monkeypatch.setenv("FAKE_EARLY_GPUS", "2")
     results, _, _ = _run(["launched"])

@@ -1,6 +1,6 @@
 #!/bin/bash
 # gpuenv pull-mode bootstrap (docs/cloud.md): cloud-init's runcmd runs it once on a new instance.
-# Stages: sources -> packages -> venv -> fetch -> converge -> check. Each stage logs to
+# Stages: sources -> packages -> venv -> fetch -> secrets -> converge -> check. Each stage logs to
 # /var/log/gpuenv-bootstrap.log and is recorded in /var/lib/gpuenv/ready.json, which a user or
 # a controller polls: status running|done|failed, the stage, why it failed, and the verdict of
 # this node's own `gpuenv check`. Settings come from the env file cloud-init wrote beside it.
@@ -20,6 +20,8 @@ log=$root/var/log/gpuenv-bootstrap.log
 work=$root/opt/gpuenv-bootstrap
 venv=$work/venv
 project=$work/project
+# Secrets never travel in user data: a file the user places, or GPUENV_SECRETS_COMMAND's output.
+secrets=${GPUENV_SECRETS_FILE:-$conf_dir/secrets.yml}
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 stage=start
 verdict=""
@@ -156,20 +158,35 @@ do_venv() {
 }
 
 do_fetch() {
-  local new=$project.new archive
+  local new=$project.new archive sum want=${GPUENV_COMMIT:-$GPUENV_REF} got
   rm -rf "$new"
   mkdir -p "$new"
   case "$GPUENV_SOURCE" in
     *.tar.gz | *.tgz | *.tar)
       archive=$work/source.tar
-      curl -fsSL --retry 3 -o "$archive" "${GPUENV_SOURCE//\{ref\}/$GPUENV_REF}"
+      curl -fsSL --proto =https --retry 3 -o "$archive" "${GPUENV_SOURCE//\{ref\}/$GPUENV_REF}"
+      # The checksum is checked before the archive is even unpacked.
+      if [ -n "${GPUENV_SHA256:-}" ]; then
+        sum=$(sha256sum "$archive" | cut -d' ' -f1)
+        if [ "$sum" != "$GPUENV_SHA256" ]; then
+          echo "ERROR: SHA-256 of $GPUENV_SOURCE is $sum, expected $GPUENV_SHA256" >&2
+          rm -f "$archive"
+          return 1
+        fi
+        echo "SHA-256 of the tarball checked: $sum"
+      fi
       tar -xf "$archive" -C "$new" --strip-components=1
       ;;
     *)
       git -C "$new" init -q
-      git -C "$new" fetch -q --depth 1 "$GPUENV_SOURCE" "$GPUENV_REF"
+      git -C "$new" fetch -q --depth 1 "$GPUENV_SOURCE" "$want"
       git -C "$new" checkout -q FETCH_HEAD
-      git -C "$new" rev-parse HEAD >"$work/commit"
+      got=$(git -C "$new" rev-parse HEAD)
+      if [ -n "${GPUENV_COMMIT:-}" ] && [ "$got" != "$GPUENV_COMMIT" ]; then
+        echo "ERROR: $GPUENV_SOURCE gave commit $got, pinned $GPUENV_COMMIT" >&2
+        return 1
+      fi
+      printf '%s\n' "$got" >"$work/commit"
       ;;
   esac
   [ -f "$new/$GPUENV_PLAYBOOK" ] || {
@@ -180,6 +197,23 @@ do_fetch() {
   mv "$new" "$project"
 }
 
+do_secrets() {
+  # The command's output (e.g. a cloud secret store read with the instance's own role) goes to
+  # the secrets file, never to the log; the file is root's alone.
+  if [ -n "${GPUENV_SECRETS_COMMAND:-}" ]; then
+    mkdir -p "${secrets%/*}"
+    (umask 077 && bash -c "$GPUENV_SECRETS_COMMAND" >"$secrets.new")
+    mv "$secrets.new" "$secrets"
+    echo "secrets written to ${secrets#"$root"} by GPUENV_SECRETS_COMMAND"
+  fi
+  if [ ! -e "$secrets" ]; then
+    echo "no secrets file ${secrets#"$root"}: none passed"
+    return 0
+  fi
+  chmod 0600 "$secrets"
+  echo "secrets file ${secrets#"$root"} is passed to ansible-playbook as extra variables"
+}
+
 do_converge() {
   local inventory=$conf_dir/inventory
   mkdir -p "$inventory"
@@ -187,8 +221,10 @@ do_converge() {
   printf '          ansible_connection: local\n          ansible_python_interpreter: /usr/bin/python3\n' \
     >>"$inventory/hosts.yml"
   cd "$project"
+  local extra=()
+  [ ! -e "$secrets" ] || extra=(--extra-vars "@$secrets")
   "$venv/bin/ansible-playbook" "$GPUENV_PLAYBOOK" -i "$inventory/hosts.yml" \
-    --skip-tags "$GPUENV_SKIP_TAGS"
+    --skip-tags "$GPUENV_SKIP_TAGS" "${extra[@]}"
 }
 
 do_check() {
@@ -211,6 +247,7 @@ run packages do_packages
 run venv do_venv
 run fetch do_fetch
 [ ! -f "$work/commit" ] || commit=$(cat "$work/commit")
+run secrets do_secrets
 run converge do_converge
 run check do_check
 verdict=$(cat "$work/verdict")

@@ -3,6 +3,7 @@ exchange nothing but files, and post rank+1. ``python -m fakechecks.launched lau
 launcher; ``python -m fakechecks.launched rank R N`` a rank."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,6 +49,13 @@ def run_rank(r, world):
     log.mark(NAME, "start")
     ranklog.wait_gate()
     rank = ranklog.launched_rank(NAME, r, world)
+    if os.environ.get("FAKE_LAUNCHER_WAKES_RANKS"):
+        # A rank that says it is alive on its way out (a heartbeat thread, a handler's log line).
+        def last_word(_signum, _frame):
+            log.beat(NAME, log.stages.get(NAME, "start"))
+            os._exit(143)
+
+        signal.signal(signal.SIGTERM, last_word)
     with ranklog.Heartbeat(log, NAME):
         rank.mark("meet")
         # A barrier through files, like a collective: every rank inside 'meet' waits for all
@@ -66,6 +74,18 @@ def main(argv):
             subprocess.Popen([sys.executable, "-m", "fakechecks.launched", "rank", str(r), str(n)])
             for r in range(n)
         ]
+        if os.environ.get("FAKE_LAUNCHER_WAKES_RANKS"):
+            # Open MPI 4.1's mpirun on SIGTERM: SIGCONT to its ranks first, so that a stopped
+            # rank takes the SIGTERM too (and wakes, however briefly).
+            def wake(_signum, _frame):
+                for child in children:
+                    child.send_signal(signal.SIGCONT)
+                    child.send_signal(signal.SIGTERM)
+                for child in children:
+                    child.wait()
+                os._exit(143)
+
+            signal.signal(signal.SIGTERM, wake)
         return max(c.wait() for c in children)
     run_rank(int(argv[1]), int(argv[2]))
     return 0
