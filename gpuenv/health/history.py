@@ -204,7 +204,9 @@ def escalate(
         if f.signal not in EVENT_SIGNALS:
             f.new = f.id not in previously_active
         if f.new:
-            occurrences.setdefault(f.id, []).append(now_unix)
+            # Three Xid lines in one scan are three occurrences, not one.
+            times = max(1, int(f.detail.get("fresh", 1)))
+            occurrences.setdefault(f.id, []).extend([now_unix] * times)
         for rule in rules:
             if not rule.matches(f) or rank(rule.action) <= rank(f.action):
                 continue

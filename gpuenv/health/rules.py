@@ -555,7 +555,7 @@ def xid_findings(
                     subject=str(code),
                     value=len(indexes),
                     new=fresh > 0,
-                    detail={"bus": bus, "since_boot_s": last.since_boot_s},
+                    detail={"bus": bus, "since_boot_s": last.since_boot_s, "fresh": fresh},
                 )
             )
         else:
@@ -572,6 +572,7 @@ def xid_findings(
                     subject=f"{bus}/{code}",
                     value=len(indexes),
                     new=fresh > 0,
+                    detail={"fresh": fresh},
                 )
             )
     return out
@@ -619,8 +620,10 @@ def node_findings(
     pci_gpus: list[str] | None,
     module_version: str | None,
     reading: nv.NvmlReading,
+    known: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
-    """The driver and the bus: the module loaded, its version against NVML's, GPUs NVML lost."""
+    """The driver and the bus: the module loaded, its version against NVML's, GPUs NVML lost
+    (``known``: bus id -> [index, UUID] of the GPUs earlier scans saw, to name a lost one)."""
     out = []
     on_bus = pci_gpus or []
     if on_bus or module_version:
@@ -655,12 +658,16 @@ def node_findings(
     if not reading.error:
         for bdf in on_bus:
             if bdf not in seen:
+                index, uuid = (known or {}).get(bdf, [None, ""])
                 out.append(
                     Finding(
                         "gpu.lost",
                         "reboot",
-                        f"GPU {bdf} is on the PCI bus but NVML does not list it",
+                        f"GPU {bdf} is on the PCI bus but NVML does not list it"
+                        + (f" (it was GPU {index}, {uuid})" if uuid else ""),
                         XID_CATALOGUE,
+                        gpu=index,
+                        uuid=uuid,
                         subject=bdf,
                         new=True,
                     )

@@ -15,7 +15,7 @@ from gpuenv.floor import pci
 from gpuenv.floor.node import Run
 from gpuenv.health import history, rules
 from gpuenv.health.findings import Finding, HealthReport
-from gpuenv.health.nvml import Nvml
+from gpuenv.health.nvml import GpuReading, Nvml
 
 
 def _counters(reading: Any) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def scan(
         interval_s = now_unix - float(state["last_scan_unix"])
     counters = state.get("counters", {})
 
-    findings: list[Finding] = rules.node_findings(pci_gpus, module, reading)
+    findings: list[Finding] = rules.node_findings(pci_gpus, module, reading, state.get("gpus", {}))
     findings.append(rules.kernel_log_finding(log.source, log.reason))
     good = [g for g in reading.gpus if not g.error]
     for gpu in good:
@@ -101,7 +101,13 @@ def scan(
     findings += rules.nvlink_state_findings(good, nvswitch_node)
     fm_running = floor.running(root) if nvswitch_node else False
     findings += rules.fabric_findings(good, nvswitch_node, fm_running)
-    by_bus = {g.bus_id[:-2]: g for g in good if g.bus_id}
+    # A GPU NVML lost is still known by what an earlier scan saw at its address, so that its Xid
+    # 79 and its loss count against the same UUID after the reboot that brings it back.
+    known = {
+        bus: GpuReading(int(i), uuid=u, bus_id=bus) for bus, (i, u) in state.get("gpus", {}).items()
+    }
+    known.update({g.bus_id: g for g in good if g.bus_id})
+    by_bus = {bus[:-2]: g for bus, g in known.items()}
     events, new, newest_s = _fresh_events(log, state, boot, boot_unix, by_bus)
     findings += rules.xid_findings(events, new, by_bus)
     ports = floor.ib_ports(root)
@@ -112,6 +118,7 @@ def scan(
     next_state.update(
         boot_id=boot,
         kernel_log_s=newest_s,
+        gpus={bus: [g.index, g.uuid] for bus, g in known.items()},
         counters={
             **{g.uuid: _counters(g) for g in good},
             "ib": {p.name: sum(p.counters.values()) for p in ports if p.counters},
