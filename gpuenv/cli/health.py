@@ -72,7 +72,25 @@ def _validate(args: argparse.Namespace) -> None:
     output_target("--json", args.json, stdout_ok=True)
     output_target("--prometheus", args.prometheus)
     if not args.no_state:
-        output_target("--state", _state_path(args))
+        _state_writable(_state_path(args))
+
+
+def _state_writable(path: str) -> None:
+    """The state file's folder is made when missing (/var/lib/gpuenv on a fresh node): the
+    nearest folder that exists must let us write."""
+    target = Path(path)
+    if target.is_dir():
+        raise BadInput(f"--state {path}: a folder, not a file")
+    folder = target.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise BadInput(
+            f"--state {path}: cannot write under {folder} (run as root, or give --state FILE"
+            " or --no-state)"
+        )
+    if target.exists() and not os.access(target, os.W_OK):
+        raise BadInput(f"--state {path}: not writable")
 
 
 def _state_path(args: argparse.Namespace) -> str:
