@@ -106,15 +106,17 @@ def _ecc(gpu: GpuReading, prev: Mapping[str, Any], th: Mapping[str, Any]) -> lis
                 ": memory errors go undetected or a mode change waits; nvidia-smi -e 1, then reset"
             )
         out.append(_f(gpu, "ecc.mode", "reset" if bad else "none", text, MEMORY_GUIDE))
-    if gpu.ecc_volatile_corrected is not None:
-        n = gpu.ecc_volatile_corrected
-        limit = th["ecc_volatile_corrected_watch"]
+    for scope, span in (("volatile", "since the last reset"), ("aggregate", "over the GPU's life")):
+        n = getattr(gpu, f"ecc_{scope}_corrected")
+        if n is None:
+            continue
+        limit = th[f"ecc_{scope}_corrected_watch"]
         out.append(
             _f(
                 gpu,
-                "ecc.volatile_corrected",
+                f"ecc.{scope}_corrected",
                 "watch" if n >= limit else "none",
-                f"{n} corrected ECC errors since the last reset (watch at {limit})",
+                f"{n} corrected ECC errors {span} (watch at {limit})",
                 MEMORY_GUIDE,
                 value=n,
             )
@@ -132,19 +134,6 @@ def _ecc(gpu: GpuReading, prev: Mapping[str, Any], th: Mapping[str, Any]) -> lis
                 MEMORY_GUIDE,
                 value=n,
                 new=grew > 0 and n > 0,
-            )
-        )
-    if gpu.ecc_aggregate_corrected is not None:
-        n = gpu.ecc_aggregate_corrected
-        limit = th["ecc_aggregate_corrected_watch"]
-        out.append(
-            _f(
-                gpu,
-                "ecc.aggregate_corrected",
-                "watch" if n >= limit else "none",
-                f"{n} corrected ECC errors over the GPU's life (watch at {limit})",
-                MEMORY_GUIDE,
-                value=n,
             )
         )
     if gpu.ecc_aggregate_uncorrected is not None:

@@ -5,36 +5,19 @@ kernel.log, root/) with a fixture's changes over it (its nvml.json patch, kernel
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from test_doctor import overlay  # the doctor's recorded nodes are layered the same way
 
 from gpuenv.health.nvml import FakeNvml, _deep_merge, patch_gpus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "health"
 BASES = FIXTURES / "_base"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and not p.name.startswith("_"))
-
-
-def overlay(src: Path, dst: Path) -> None:
-    """Copy ``src`` over ``dst``: files and links replace what is there."""
-    for folder, dirs, files in os.walk(src):
-        rel = Path(folder).relative_to(src)
-        (dst / rel).mkdir(parents=True, exist_ok=True)
-        for name in files + [d for d in dirs if (Path(folder) / d).is_symlink()]:
-            s, d = Path(folder) / name, dst / rel / name
-            if d.is_symlink() or d.is_file():
-                d.unlink()
-            elif d.is_dir():
-                shutil.rmtree(d)
-            if s.is_symlink():
-                d.symlink_to(os.readlink(s))
-            else:
-                shutil.copy2(s, d)
 
 
 def recorded_run(text: str | None) -> Any:
