@@ -16,8 +16,7 @@ from typing import Any
 
 from gpuenv.cli.argtypes import output_target
 from gpuenv.errors import BadInput
-
-ACTIONS = ("none", "watch", "reset", "reboot", "drain", "replace")  # findings.ACTIONS, checked
+from gpuenv.health.findings import ACTIONS  # the ladder (standard library only)
 
 
 def register(subparsers: Any) -> None:
