@@ -237,11 +237,20 @@ class PynvmlNvml:
         mig = c("nvmlDeviceGetMigMode", h)
         if mig is not None:
             gpu.mig_current, gpu.mig_pending = bool(mig[0]), bool(mig[1])
-        fabric = c("nvmlDeviceGetGpuFabricInfo", h)
+        fabric = self._fabric(h)
         if fabric is not None:
             gpu.fabric_state = FABRIC_STATES.get(int(fabric.state), str(fabric.state))
             gpu.fabric_status = "success" if int(fabric.status) == 0 else f"error {fabric.status}"
         return gpu
+
+    def _fabric(self, h: Any) -> Any:
+        """nvmlGpuFabricInfo_t (state, status) or None; nvidia-ml-py wants the struct handed in."""
+        struct = getattr(self.nv, "c_nvmlGpuFabricInfo_t", None)
+        if struct is None:
+            return None
+        info = struct()
+        found = self._call("nvmlDeviceGetGpuFabricInfo", h, self.nv.byref(info))
+        return None if found is None else info
 
     def _nvlinks(self, h: Any) -> list[NvLink] | None:
         links = []

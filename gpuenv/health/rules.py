@@ -391,7 +391,9 @@ def _pcie(gpu: GpuReading, prev: Mapping[str, Any], th: Mapping[str, Any]) -> li
 
 
 def nvlink_total(gpu: GpuReading) -> int | None:
-    if gpu.nvlinks is None:
+    """The NVLink error counters summed; None when NVML answered none of them (not 0: a GPU
+    whose driver no longer serves the per-link counters is not judged clean)."""
+    if gpu.nvlinks is None or not any(link.counters for link in gpu.nvlinks):
         return None
     return sum(sum(link.counters.values()) for link in gpu.nvlinks)
 

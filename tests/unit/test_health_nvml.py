@@ -139,10 +139,18 @@ class FakePynvml:
         g = self._gpu(h)
         return [int(self._given(g.mig_current)), int(g.mig_pending)]
 
-    def nvmlDeviceGetGpuFabricInfo(self, h):
+    # nvidia-ml-py 13: the caller hands in the struct, the call fills it and answers NVML_SUCCESS.
+    c_nvmlGpuFabricInfo_t = SimpleNamespace
+
+    @staticmethod
+    def byref(struct):
+        return struct
+
+    def nvmlDeviceGetGpuFabricInfo(self, h, info):
         g = self._gpu(h)
-        state = {v: k for k, v in FABRIC_STATES.items()}[self._given(g.fabric_state)]
-        return SimpleNamespace(state=state, status=0 if g.fabric_status == "success" else 6)
+        info.state = {v: k for k, v in FABRIC_STATES.items()}[self._given(g.fabric_state)]
+        info.status = 0 if g.fabric_status == "success" else 6
+        return 0
 
 
 @pytest.mark.parametrize("base", ["hgx8", "v100x4"])
@@ -178,3 +186,34 @@ def test_a_gpu_nvml_cannot_open_is_named(tmp_path):
     got = PynvmlNvml(OneBad(reading)).read()
     assert got.gpus[4].error == "GPU requires reset"
     assert got.gpus[3] == reading.gpus[3]
+
+
+def test_every_call_matches_the_real_nvidia_ml_py(tmp_path):
+    """The fake answers whatever it is asked; the real module must accept the same calls (a
+    call with the wrong arguments would raise TypeError on a GPU node, not NVMLError)."""
+    import inspect
+
+    import pynvml  # nvidia-ml-py: a dependency of the node extra and of dev
+
+    reading = FakeNvml(build(tmp_path, "hgx8").nvml_data).read()
+    calls = set()
+
+    class Recording(FakePynvml):
+        def __getattribute__(self, name):
+            value = object.__getattribute__(self, name)
+            if name.startswith("nvml") and callable(value):
+
+                def record(*args):
+                    calls.add((name, len(args)))
+                    return value(*args)
+
+                return record
+            return value
+
+    PynvmlNvml(Recording(reading)).read()
+    assert len(calls) > 20
+    for name, nargs in sorted(calls):
+        real = getattr(pynvml, name, None)
+        assert real is not None, f"nvidia-ml-py has no {name}"
+        inspect.signature(real).bind(*([None] * nargs))  # TypeError: the call would not fit
+    assert pynvml.c_nvmlGpuFabricInfo_t and pynvml.byref
