@@ -254,7 +254,7 @@ class PynvmlNvml:
 
     def _nvlinks(self, h: Any) -> list[NvLink] | None:
         links = []
-        for link in range(NVLINK_MAX_LINKS):
+        for link in range(int(getattr(self.nv, "NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS))):
             state = self._call("nvmlDeviceGetNvLinkState", h, link)
             if state is None:
                 continue  # a link this GPU does not have

@@ -217,3 +217,42 @@ def test_every_call_matches_the_real_nvidia_ml_py(tmp_path):
         assert real is not None, f"nvidia-ml-py has no {name}"
         inspect.signature(real).bind(*([None] * nargs))  # TypeError: the call would not fit
     assert pynvml.c_nvmlGpuFabricInfo_t and pynvml.byref
+
+
+def test_the_numbers_the_backend_uses_are_nvidia_ml_py_s():
+    import pynvml
+
+    from gpuenv.health import nvml
+
+    assert (
+        pynvml.nvmlClocksEventReasonGpuIdle,
+        pynvml.nvmlClocksEventReasonHwSlowdown,
+        pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    ) == (nvml.REASON_GPU_IDLE, nvml.REASON_HW_SLOWDOWN, nvml.REASON_SW_THERMAL)
+    assert (
+        pynvml.nvmlClocksThrottleReasonHwThermalSlowdown,
+        pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown,
+    ) == (nvml.REASON_HW_THERMAL, nvml.REASON_HW_POWER_BRAKE)
+    assert nvml.NVLINK_COUNTERS == {
+        "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+        "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+        "crc_flit": pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+        "crc_data": pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+    }
+    # The literals of PynvmlNvml._gpu: error and counter types, retirement causes, thresholds.
+    assert (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED) == (
+        0,
+        1,
+    )
+    assert (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC) == (0, 1)
+    assert (
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+    ) == (0, 1)
+    assert (pynvml.NVML_PERF_POLICY_POWER, pynvml.NVML_PERF_POLICY_THERMAL) == (0, 1)
+    assert (
+        pynvml.NVML_TEMPERATURE_GPU,
+        pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+        pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+    ) == (0, 0, 1)
+    assert nvml.FABRIC_STATES[pynvml.NVML_GPU_FABRIC_STATE_COMPLETED] == "completed"
