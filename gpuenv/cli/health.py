@@ -115,6 +115,19 @@ def _runner(args: argparse.Namespace) -> Any:
     return recorded
 
 
+def _without_nvml(root: str) -> Any:
+    """No nvidia-ml-py: fine on a node with no NVIDIA GPU on its bus and no nvidia module (a CPU
+    node, a lab container: the scan has nothing to find), bad input where there is one to read."""
+    from gpuenv.floor import health as floor
+    from gpuenv.floor import pci
+    from gpuenv.health.nvml import NoNvml
+
+    devices = pci.devices(root) or []
+    if any(d.is_gpu for d in devices) or floor.module_version(root):
+        raise BadInput("nvidia-ml-py (pynvml) is not installed: pip install nvidia-ml-py")
+    return NoNvml("nvidia-ml-py is not installed and no NVIDIA GPU is on the PCI bus")
+
+
 def handler(args: argparse.Namespace) -> int:
     _validate(args)
     from gpuenv.checks.thresholds import load_thresholds
@@ -140,9 +153,7 @@ def handler(args: argparse.Namespace) -> int:
         try:
             nvml = PynvmlNvml()
         except ImportError:
-            raise BadInput(
-                "nvidia-ml-py (pynvml) is not installed: pip install nvidia-ml-py"
-            ) from None
+            nvml = _without_nvml(args.root or "/")
     report = scan(args.root or "/", _runner(args), nvml, thresholds, state, node=args.node)
     if state_path:
         history.save(state_path, report.state)

@@ -144,6 +144,18 @@ def patch_gpus(data: dict[str, Any], patches: dict[str, dict[str, Any]]) -> dict
     return merged
 
 
+class NoNvml:
+    """No NVML to ask (nvidia-ml-py is not installed): a reading with that error. The scan then
+    judges the bus and the module alone: a node with neither an NVIDIA GPU nor the module has
+    nothing to find (a CPU node); one with either gets its driver.loaded finding."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def read(self) -> NvmlReading:
+        return NvmlReading(None, [], self.reason)
+
+
 class PynvmlNvml:
     """NVML through nvidia-ml-py; ``module`` is ``pynvml`` (or a fake of it)."""
 

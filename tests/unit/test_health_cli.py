@@ -135,3 +135,28 @@ def test_clear_records_who_and_escalation_follows(tmp_path, capsys, monkeypatch)
     assert main([*args, "--prometheus", str(prom)]) == 1
     samples = parse_exposition(prom.read_text())
     assert any('signal="pcie.width"' in k[1] and 'action="replace"' in k[1] for k in samples)
+
+
+def _no_nvml_args(tmp_path, root):
+    log = tmp_path / "kernel.log"
+    log.write_text("[    0.000000] cpu1 kernel: Linux version 6.1.0-28-amd64\n")
+    return ["health", "--root", str(root), "--kernel-log", str(log), "--node", "cpu1", "--no-state"]
+
+
+def test_a_cpu_node_without_nvidia_ml_py_scans_clean(tmp_path, monkeypatch):
+    """A lab container or CPU node: no pynvml, no NVIDIA GPU on the bus, no module."""
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import pynvml fails
+    root = tmp_path / "root"
+    (root / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
+    prom = tmp_path / "gpuenv.prom"
+    assert main([*_no_nvml_args(tmp_path, root), "--prometheus", str(prom)]) == 0
+    samples = parse_exposition(prom.read_text())
+    assert samples[("gpuenv_health_gpus", '{node="cpu1"}')] == 0
+    assert samples[("gpuenv_health_worst_action", '{node="cpu1"}')] == 0
+
+
+def test_a_gpu_node_without_nvidia_ml_py_is_bad_input(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)
+    node = build(tmp_path, "hgx8")
+    assert main(_no_nvml_args(tmp_path, node.root)) == 2
+    assert "nvidia-ml-py" in capsys.readouterr().err
