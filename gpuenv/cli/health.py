@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuenv.cli.argtypes import output_target
+from gpuenv.cli.argtypes import output_target, positive
 from gpuenv.errors import BadInput
 from gpuenv.health.findings import ACTIONS  # the ladder (standard library only)
 
@@ -27,6 +27,14 @@ def register(subparsers: Any) -> None:
         " an action (none, watch, reset, reboot, drain, replace) and its source. Exit 0 healthy,"
         " 1 a finding at or above --fail-on, 2 on bad input.",
     )
+    p.add_argument("-i", "--inventory", help="scan every node of this Ansible inventory at once")
+    p.add_argument("-l", "--limit", help="with -i: Ansible host pattern restricting the nodes")
+    p.add_argument("--deadline", type=positive(float, "seconds > 0"), metavar="SECONDS",
+                   help="with -i: deadline of each node's scan (default 60)")  # fmt: skip
+    p.add_argument("--become", action="store_true",
+                   help="with -i: scan as root (sudo -n), reading and writing each node's state"
+                   " file; otherwise the nodes scan with --no-state")  # fmt: skip
+    p.add_argument("--html", metavar="FILE", help="with -i: write the node x signal table as HTML")
     p.add_argument("--fail-on", choices=ACTIONS[1:], default="drain", metavar="ACTION",
                    help="exit 1 when a finding's action is this or above (watch, reset, reboot,"
                    " drain, replace; default drain)")  # fmt: skip
@@ -51,7 +59,23 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=handler)
 
 
+def _validate_fleet(args: argparse.Namespace) -> None:
+    for option in ("thresholds", "prometheus", "state", "no_state", "clear", "finding", "node",
+                   "root", "nvml_fixture", "kernel_log"):  # fmt: skip
+        if getattr(args, option):
+            name = option.replace("_", "-")
+            raise BadInput(f"--{name} is for one node's scan; with -i each node scans itself")
+    output_target("--json", args.json, stdout_ok=True)
+    output_target("--html", args.html)
+
+
 def _validate(args: argparse.Namespace) -> None:
+    if args.inventory:
+        _validate_fleet(args)
+        return
+    for option in ("limit", "deadline", "become", "html"):
+        if getattr(args, option):
+            raise BadInput(f"--{option} needs -i INVENTORY")
     if args.finding and not args.clear:
         raise BadInput("--finding needs --clear")
     if args.clear and args.no_state:
@@ -128,8 +152,30 @@ def _without_nvml(root: str) -> Any:
     return NoNvml("nvidia-ml-py is not installed and no NVIDIA GPU is on the PCI bus")
 
 
+def _fleet(args: argparse.Namespace) -> int:
+    from gpuenv.cluster import inventory
+    from gpuenv.health import fleet
+    from gpuenv.health.history import write_atomic
+    from gpuenv.report import health as render
+
+    hosts = inventory.load(args.inventory, args.limit)  # BadInput before anything runs
+    deadline_s = args.deadline if args.deadline is not None else fleet.DEADLINE_S
+    scanned = fleet.scan_fleet(hosts, deadline_s, become=args.become)
+    if args.json == "-":
+        sys.stdout.write(render.fleet_json(scanned, args.fail_on))
+    else:
+        if args.json:
+            write_atomic(args.json, render.fleet_json(scanned, args.fail_on))
+        render.fleet_console(scanned, args.fail_on, args.verbose)
+    if args.html:
+        write_atomic(args.html, render.fleet_html(scanned, args.fail_on))
+    return 1 if scanned.failing(args.fail_on) else 0
+
+
 def handler(args: argparse.Namespace) -> int:
     _validate(args)
+    if args.inventory:
+        return _fleet(args)
     from gpuenv.checks.thresholds import load_thresholds
     from gpuenv.health import history
 

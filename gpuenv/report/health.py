@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
 
 from gpuenv.health.findings import HealthReport, rank
+
+if TYPE_CHECKING:
+    from gpuenv.health.fleet import FleetHealth
 
 STYLES = {"none": "green", "watch": "yellow", "reset": "bold red", "reboot": "bold red",
           "drain": "bold red", "replace": "bold magenta"}  # fmt: skip
@@ -134,3 +137,99 @@ def parse_exposition(text: str) -> dict[tuple[str, str], float]:
     if not text.endswith("\n"):
         raise ValueError("the exposition must end with a newline")
     return samples
+
+
+# ---------------------------------------------------------------- the fleet (gpuenv health -i)
+
+
+def fleet_console(
+    fleet: FleetHealth, fail_on: str, verbose: bool = False, file: TextIO | None = None
+) -> None:
+    """The node x signal table: each cell the worst action of that signal on that node."""
+    out = Console(file=file, width=200 if file is not None else None)
+    cells = fleet.cells()
+    signals = fleet.signals(verbose)
+    table = Table(title=f"gpuenv health: {len(fleet.nodes)} nodes")
+    table.add_column("node")
+    table.add_column("GPUs", justify="right")
+    table.add_column("worst")
+    for signal in signals:
+        table.add_column(signal, overflow="fold")
+    for node in fleet.nodes:
+        if node in fleet.errors:
+            row = [node, "-", "[bold red]no report[/]", *("" for _ in signals)]
+            table.add_row(*row)
+            continue
+        report = fleet.reports[node]
+        worst = fleet.worst(node)
+        row = [node, str(len(report["gpus"])), f"[{STYLES[worst]}]{worst}[/]"]
+        for signal in signals:
+            action = cells[node].get(signal)
+            row.append("" if action is None else f"[{STYLES[action]}]{action}[/]")
+        table.add_row(*row)
+    out.print(table)
+    for node, why in sorted(fleet.errors.items()):
+        out.print(f"[bold red]{node}: no report[/]: {why}")
+    failing = [n for n in fleet.reports if rank(fleet.worst(n)) >= rank(fail_on)]
+    verdict = "[bold red]NOT HEALTHY[/]" if fleet.failing(fail_on) else "[bold green]HEALTHY[/]"
+    out.print(
+        f"{verdict}: {len(failing)} node(s) at {fail_on} or above, {len(fleet.errors)} without a"
+        f" report, of {len(fleet.nodes)}"
+    )
+
+
+def fleet_json(fleet: FleetHealth, fail_on: str) -> str:
+    return json.dumps(fleet.to_dict(fail_on), indent=1, sort_keys=True, default=str) + "\n"
+
+
+_FLEET_HTML = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>gpuenv health: {{ nodes|length }} nodes</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: .5em 0 1.5em; font-size: .92em; }
+th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; }
+.none { color: #146c14; } .watch { color: #8a6d00; font-weight: bold; }
+.reset, .reboot, .drain, .error { color: #b00000; font-weight: bold; }
+.replace { color: #7a0a7a; font-weight: bold; }
+</style></head><body>
+<h1>gpuenv health</h1>
+<p>{{ verdict }} (fails on {{ fail_on }} and above) &middot; {{ nodes|length }} node(s)</p>
+<table><tr><th>node</th><th>GPUs</th><th>worst</th>
+{%- for s in signals %}<th>{{ s }}</th>{% endfor %}</tr>
+{%- for node in nodes %}
+<tr><td>{{ node }}</td>
+{%- if node in errors %}<td>-</td><td class="error">no report: {{ errors[node] }}</td>
+{%- for s in signals %}<td></td>{% endfor %}
+{%- else %}<td>{{ reports[node].gpus|length }}</td>
+<td class="{{ reports[node].worst_action }}">{{ reports[node].worst_action }}</td>
+{%- for s in signals %}{% set a = cells[node].get(s) %}<td class="{{ a or '' }}">{{ a or '' }}</td>
+{%- endfor %}{% endif %}</tr>
+{%- endfor %}
+</table>
+<h2>Findings above none</h2>
+<table><tr><th>node</th><th>GPU</th><th>signal</th><th>subject</th><th>action</th><th>evidence</th>
+<th>source</th></tr>
+{%- for node in nodes if node in reports %}{% for f in reports[node].findings
+    if f.action != "none" %}
+<tr><td>{{ node }}</td><td>{{ "-" if f.gpu is none else f.gpu }}</td><td>{{ f.signal }}</td>
+<td>{{ f.subject }}</td><td class="{{ f.action }}">{{ f.action }}</td><td>{{ f.evidence }}</td>
+<td>{{ f.source }}</td></tr>
+{%- endfor %}{% endfor %}
+</table></body></html>
+"""
+
+
+def fleet_html(fleet: FleetHealth, fail_on: str) -> str:
+    import jinja2
+
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    return env.from_string(_FLEET_HTML).render(
+        nodes=fleet.nodes,
+        signals=fleet.signals(),
+        cells=fleet.cells(),
+        reports=fleet.reports,
+        errors=fleet.errors,
+        fail_on=fail_on,
+        verdict="NOT HEALTHY" if fleet.failing(fail_on) else "HEALTHY",
+    )
