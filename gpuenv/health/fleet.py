@@ -27,6 +27,8 @@ from gpuenv.results import Result, Status
 DEADLINE_S = 60.0
 # The check name of a node's health in a run report (`gpuenv cluster`'s health stage too).
 CHECK = "health"
+# `gpuenv cluster`'s line: a GPU that needs a reset (or more) is sick for a launch.
+CLUSTER_FAIL_ON = "reset"
 
 
 @dataclass
