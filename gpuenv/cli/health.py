@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuenv.cli.argtypes import output_target, positive
 from gpuenv.errors import BadInput
+from gpuenv.health.dcgm import LEVELS as DCGM_LEVELS  # standard library only
 from gpuenv.health.findings import ACTIONS  # the ladder (standard library only)
 
 
@@ -39,6 +40,9 @@ def register(subparsers: Any) -> None:
                    help="exit 1 when a finding's action is this or above (watch, reset, reboot,"
                    " drain, replace; default drain)")  # fmt: skip
     p.add_argument("--thresholds", metavar="FILE", help="YAML overriding the health section")
+    p.add_argument("--dcgm", type=int, choices=DCGM_LEVELS, metavar="LEVEL",
+                   help="also run DCGM's `dcgmi diag -r LEVEL` (1, 2 or 3) under a deadline and"
+                   " merge its results; no dcgmi or host engine: SKIP with the reason")  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="write the JSON report ('-': stdout)")
     p.add_argument("--prometheus", metavar="FILE",
                    help="write the Prometheus text format (atomically; node-exporter's textfile"
@@ -61,7 +65,7 @@ def register(subparsers: Any) -> None:
 
 def _validate_fleet(args: argparse.Namespace) -> None:
     for option in ("thresholds", "prometheus", "state", "no_state", "clear", "finding", "node",
-                   "root", "nvml_fixture", "kernel_log"):  # fmt: skip
+                   "root", "nvml_fixture", "kernel_log", "dcgm"):  # fmt: skip
         if getattr(args, option):
             name = option.replace("_", "-")
             raise BadInput(f"--{name} is for one node's scan; with -i each node scans itself")
@@ -81,7 +85,7 @@ def _validate(args: argparse.Namespace) -> None:
     if args.clear and args.no_state:
         raise BadInput("--clear records into the state file: drop --no-state")
     if args.clear:
-        for option in ("json", "prometheus", "nvml_fixture", "kernel_log"):
+        for option in ("json", "prometheus", "nvml_fixture", "kernel_log", "dcgm"):
             if getattr(args, option):
                 raise BadInput(f"--{option.replace('_', '-')} is for a scan, not --clear")
     if args.no_state and args.state:
@@ -201,6 +205,13 @@ def handler(args: argparse.Namespace) -> int:
         except ImportError:
             nvml = _without_nvml(args.root or "/")
     report = scan(args.root or "/", _runner(args), nvml, thresholds, state, node=args.node)
+    if args.dcgm:
+        from gpuenv import proc
+        from gpuenv.health import dcgm
+
+        merged = dcgm.diagnose(args.dcgm, proc.command_output)
+        report.findings += merged.findings
+        report.skipped += merged.skipped
     if state_path:
         history.save(state_path, report.state)
     if args.json == "-":

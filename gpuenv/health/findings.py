@@ -81,6 +81,9 @@ class HealthReport:
     scan_s: float
     at_unix: float
     state: dict[str, Any]  # the state file's next content (history.py)
+    # What was asked for and not tested, each a signal and the reason (--dcgm without DCGM, a
+    # test DCGM skipped): a SKIP, never a pass.
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def worst(self) -> str:
@@ -100,4 +103,5 @@ class HealthReport:
             "kernel_log": self.kernel_log,
             "gpus": self.gpus,
             "findings": [f.to_dict() for f in self.findings],
+            "skipped": self.skipped,
         }

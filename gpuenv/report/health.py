@@ -50,6 +50,8 @@ def console(
         f" {report.scan_s:.2f} s (kernel log: {report.kernel_log or 'unreadable'});"
         f" worst action [{STYLES[worst]}]{worst}[/]"
     )
+    for skip in report.skipped:
+        out.print(f"[yellow]SKIP[/] {skip['signal']}: {skip['reason']}")
     verdict = "[bold red]NOT HEALTHY[/]" if failing else "[bold green]HEALTHY[/]"
     out.print(f"{verdict} (fails on {fail_on} and above: {len(failing)} findings)")
 
@@ -100,6 +102,13 @@ def prometheus(report: HealthReport) -> str:
         f"# TYPE {PREFIX}last_scan_timestamp_seconds gauge",
         f"{PREFIX}last_scan_timestamp_seconds{_labels(node)} {report.at_unix:.3f}",
     ]
+    if report.skipped:
+        lines += [
+            f"# HELP {PREFIX}skipped A check asked for and not run (docs/health.md, --dcgm).",
+            f"# TYPE {PREFIX}skipped gauge",
+        ]
+        signals = sorted({s["signal"] for s in report.skipped})
+        lines += [f"{PREFIX}skipped{_labels({'signal': s})} 1" for s in signals]
     return "\n".join(lines) + "\n"
 
 
