@@ -75,6 +75,9 @@ class GpuReading:
     mig_pending: bool | None = None
     fabric_state: str | None = None  # FABRIC_STATES' values
     fabric_status: str | None = None  # "success" or NVML's error text
+    utilization_pct: int | None = None  # GPU busy over NVML's last sample period (gpuenv top)
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
     error: str = ""  # the GPU could not be opened (then nothing else was read)
 
 
@@ -249,6 +252,12 @@ class PynvmlNvml:
         mig = c("nvmlDeviceGetMigMode", h)
         if mig is not None:
             gpu.mig_current, gpu.mig_pending = bool(mig[0]), bool(mig[1])
+        rates = c("nvmlDeviceGetUtilizationRates", h)
+        gpu.utilization_pct = None if rates is None else int(rates.gpu)
+        memory = c("nvmlDeviceGetMemoryInfo", h)
+        if memory is not None:
+            gpu.memory_used_mib = memory.used / 2**20
+            gpu.memory_total_mib = memory.total / 2**20
         fabric = self._fabric(h)
         if fabric is not None:
             gpu.fabric_state = FABRIC_STATES.get(int(fabric.state), str(fabric.state))

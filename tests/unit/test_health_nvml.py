@@ -100,6 +100,14 @@ class FakePynvml:
         g = self._gpu(h)
         return self._given((g.shutdown_c, g.slowdown_c)[kind])
 
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=self._given(self._gpu(h).utilization_pct), memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        g = self._gpu(h)
+        used, total = self._given(g.memory_used_mib), self._given(g.memory_total_mib)
+        return SimpleNamespace(used=int(used * 2**20), total=int(total * 2**20), free=0)
+
     def nvmlDeviceGetPowerUsage(self, h):
         return round(self._given(self._gpu(h).power_w) * 1000)
 
