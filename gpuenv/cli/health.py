@@ -199,6 +199,10 @@ def handler(args: argparse.Namespace) -> int:
 
     if args.nvml_fixture:
         nvml: Any = FakeNvml.from_file(args.nvml_fixture)
+        try:
+            nvml.read()  # a fixture this gpuenv cannot read is bad input, not a crash
+        except (ValueError, TypeError, KeyError) as exc:
+            raise BadInput(f"--nvml-fixture {args.nvml_fixture}: {exc}") from None
     else:
         try:
             nvml = PynvmlNvml()

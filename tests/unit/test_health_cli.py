@@ -160,3 +160,10 @@ def test_a_gpu_node_without_nvidia_ml_py_is_bad_input(tmp_path, monkeypatch, cap
     node = build(tmp_path, "hgx8")
     assert main(_no_nvml_args(tmp_path, node.root)) == 2
     assert "nvidia-ml-py" in capsys.readouterr().err
+
+
+def test_an_nvml_fixture_with_unknown_fields_is_bad_input(tmp_path, capsys):
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text('{"driver_version": "1", "gpus": [{"index": 0, "warp_drive": 1}]}')
+    assert main(["health", "--no-state", "--nvml-fixture", str(nvml)]) == 2
+    assert "unknown GPU field(s) warp_drive" in capsys.readouterr().err
