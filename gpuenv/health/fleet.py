@@ -154,7 +154,10 @@ def node_result(node: str, report: Mapping[str, Any] | None, why: str, fail_on: 
 
 
 def results(fleet: FleetHealth, fail_on: str) -> list[Result]:
-    return [
-        node_result(node, fleet.reports.get(node), fleet.errors.get(node, ""), fail_on)
-        for node in fleet.nodes
-    ]
+    out = []
+    for node in fleet.nodes:
+        result = node_result(node, fleet.reports.get(node), fleet.errors.get(node, ""), fail_on)
+        answer = fleet.answers.get(node)
+        result.duration_s = answer.duration_s if answer is not None else 0.0
+        out.append(result)
+    return out

@@ -68,7 +68,7 @@ def test_the_table_names_each_node_signal_and_the_node_without_a_report(tmp_path
     assert scanned.worst("n1") == "none" and scanned.worst("n2") == "reboot"
     assert scanned.failing("drain")  # n3 gave no report
     by_node = {r.node: r for r in fleet.results(scanned, "reboot")}
-    assert by_node["n1"].status is Status.PASS
+    assert by_node["n1"].status is Status.PASS and by_node["n1"].duration_s == 0.5
     assert by_node["n2"].status is Status.FAIL and "xid 79: reboot" in by_node["n2"].reason
     assert by_node["n3"].status is Status.ERROR and "timed out" in by_node["n3"].reason
 
