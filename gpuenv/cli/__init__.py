@@ -16,7 +16,7 @@ from gpuenv import __version__
 from gpuenv.errors import GpuenvError
 
 # Subcommand modules, in the order they appear in --help.
-_SUBCOMMANDS = ("lab", "check", "cluster", "doctor", "cloud_init", "bundle")
+_SUBCOMMANDS = ("lab", "check", "cluster", "doctor", "health", "top", "cloud_init", "bundle")
 
 
 def build_parser() -> argparse.ArgumentParser:

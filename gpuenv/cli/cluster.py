@@ -114,8 +114,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="STAGES",
-        help="comma-separated stages to leave out: check, consistency, rendezvous, torch, mpi,"
-        " pairs, dask (docs/cluster.md)",
+        help="comma-separated stages to leave out: health, check, consistency, rendezvous,"
+        " torch, mpi, pairs, dask (docs/cluster.md)",
     )
     p.add_argument(
         "--with",

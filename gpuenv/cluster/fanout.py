@@ -230,6 +230,12 @@ class _SSH:
             conn.close()
 
 
+def ssh_connection(host: Host, timeout_s: float) -> Any:
+    """A fabric Connection to ``host`` with the fan-out's settings (the inventory's user, key and
+    known_hosts; unknown or changed host keys refused), for a caller that streams (gpuenv top)."""
+    return _SSH(host)._connect(timeout_s)
+
+
 def transport(host: Host) -> _Local | _SSH:
     return _Local(host) if host.local else _SSH(host)
 

@@ -5,6 +5,8 @@ one whose needs are met and records why the others did not run. In order:
 
 1. probe: every node answers with its facts (a node that does not resolve or answer is a failed
    ``reach`` by name, and the others go on without it).
+1b. health: ``gpuenv health --json - --no-state`` on every node at once (gpuenv.health.fleet): a
+   GPU whose finding asks for a reset or more is a FAIL naming it, before any launch.
 2. check: ``gpuenv check --json -`` on every node at once; each node's run report is merged,
    its verdict included.
 3. consistency: all nodes must agree on driver, CUDA, NCCL, Open MPI, Python stack, GPUs, NCCL env.
@@ -54,6 +56,7 @@ from gpuenv.cluster.defaults import (
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
 from gpuenv.floor import net
+from gpuenv.health import fleet as health
 from gpuenv.progress import Progress, Silent
 from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunReport, Status
 
@@ -158,6 +161,18 @@ def probe_stage(state: State) -> None:
         state.add(Result("reach", name, Status.PASS, f"answered in {out.duration_s:.1f} s",
                          duration_s=out.duration_s))  # fmt: skip
     state.alive = [h for h in state.hosts if h.name in state.probes]
+
+
+def health_stage(state: State) -> None:
+    """Each node's passive health scan (gpuenv health) before anything is launched, so that a
+    GPU needing a reset or worse is named as sick, not found later as a slow pair."""
+    outcomes = state.fan_out(
+        state.alive,
+        lambda h: launch.as_user(h, shlex.join(health.node_argv(h, become=False))),
+        "gpuenv health",
+        deadline_s=min(state.opts.deadline_s, health.DEADLINE_S),
+    )
+    state.report.results.extend(health.results(health.gather(outcomes), health.CLUSTER_FAIL_ON))
 
 
 def check_stage(state: State) -> None:
@@ -610,6 +625,7 @@ def _pair_runs(state: State, nodes: Mapping[str, fabric_check.NodeFabric]) -> No
 
 
 STAGES: tuple[Stage, ...] = (
+    Stage("health", health_stage),
     Stage("check", check_stage),
     Stage("consistency", consistency_stage),
     Stage("rendezvous", rendezvous_stage, multi_node=True),

@@ -1,6 +1,7 @@
 import sys
 import time
 import uuid
+from pathlib import Path
 
 from test_cluster_fanout import processes_with
 
@@ -216,3 +217,31 @@ def test_the_fabric_is_judged_across_nodes_by_the_rails_nccl_used(tmp_path):
     assert pairs.status is Status.FAIL, pairs.reason
     assert "a -> b over mlx5_0:1: 24.6 GB/s < 0.9 x 50 GB/s port rate (GPU memory)" in pairs.reason
     assert "a -> b over mlx5_1:1" in pairs.reason
+
+
+def test_the_health_stage_names_a_sick_gpu_before_any_launch(tmp_path):
+    """Node b's scan reads a recorded Xid 79 (gpuenv health's test hooks, through a wrapper
+    python); node a scans this GPU-less machine as it is."""
+    import json
+
+    from gpuenv.health.nvml import patch_gpus
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "health"
+    base = json.loads((fixtures / "_base" / "hgx8" / "nvml.json").read_text())
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps(patch_gpus(base, {"3": {"remove": True}})))
+    log = fixtures / "xid79-fallen-off-bus" / "kernel.log"
+    wrapper = tmp_path / "python-b"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'[ "$3" = health ] && exec {sys.executable} "$@" --nvml-fixture {nvml}'
+        f" --kernel-log {log}\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    hosts = [emulated("a"), emulated("b", python=str(wrapper))]
+    run = pipeline.validate(hosts, opts(stages=("health",)))
+    assert by(run, "health", "a").status is Status.PASS
+    sick = by(run, "health", "b")
+    assert sick.status is Status.FAIL
+    assert "node xid 79: reboot" in sick.reason and "GPU has fallen off the bus" in sick.reason
