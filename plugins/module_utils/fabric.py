@@ -446,6 +446,34 @@ def rails(fabric: Fabric) -> tuple[tuple[str, ...], dict[str, str]]:
     return tuple(sorted(chosen, key=_natural)), left_out
 
 
+_NEARNESS = {PCIE_SWITCH: 0, SAME_NUMA: 1, NO_AFFINITY: 2}
+
+
+def nearest_rails(fabric: Fabric, rails: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """Per GPU (BDF): its nearest rail and their relation (a shared PCIe switch first, then the
+    same NUMA node, then neither; ties go to the rail first in ``rails``). Empty without rails."""
+    found = {}
+    for gpu in fabric.gpus:
+        near = sorted((_NEARNESS[fabric.relation(gpu.bdf, r)], i, r) for i, r in enumerate(rails))
+        if near:
+            rail = near[0][2]
+            found[gpu.bdf] = (rail, fabric.relation(gpu.bdf, rail))
+    return found
+
+
+def rail_gpus(fabric: Fabric, rails: tuple[str, ...]) -> dict[str, int]:
+    """Per rail: the index (PCI bus order, CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID) of the GPU
+    nearest to it, for a GPU-memory test of that rail (``ib_write_bw --use_cuda``)."""
+    found: dict[str, int] = {}
+    for rail in rails:
+        near = sorted(
+            (_NEARNESS[fabric.relation(g.bdf, rail)], i) for i, g in enumerate(fabric.gpus)
+        )
+        if near:
+            found[rail] = near[0][1]
+    return found
+
+
 def gid_index(chosen: list[RdmaPort]) -> tuple[int | None, list[str]]:
     """NCCL_IB_GID_INDEX for the RoCE rails: the RoCE v2 entry holding an IPv4-mapped address
     (::ffff:a.b.c.d), else the first RoCE v2 entry that is not link-local; one index for all
