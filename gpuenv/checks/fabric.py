@@ -114,6 +114,7 @@ class NodeFabric:
     derived: dict[str, str] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
     gid_types: dict[str, dict[str, str]] = field(default_factory=dict)
+    rail_gpu: dict[str, int] = field(default_factory=dict)  # rail -> index of the GPU nearest it
 
     @property
     def hca(self) -> net.HcaSpec | None:
@@ -154,6 +155,7 @@ class NodeFabric:
             "derived": dict(self.derived),
             "left_out": dict(self.left_out),
             "gid_types": dict(self.gid_types),
+            "rail_gpu": dict(self.rail_gpu),
         }
 
     @classmethod
@@ -178,6 +180,7 @@ class NodeFabric:
             derived=dict(data.get("derived") or {}),
             left_out=dict(data.get("left_out") or {}),
             gid_types=dict(data.get("gid_types") or {}),
+            rail_gpu=dict(data.get("rail_gpu") or {}),
         )
 
 
@@ -203,6 +206,7 @@ def _from_keys(links: Mapping[str, Any]) -> NodeFabric:
         derived=dict(links.get("ib.derived", {})),
         left_out=dict(links.get("ib.left_out", {})),
         gid_types=dict(links.get("ib.gid_types", {})),
+        rail_gpu=dict(links.get("ib.rail_gpu", {})),
     )
 
 
@@ -233,6 +237,7 @@ def topology_links(found: floor_fabric.Fabric) -> dict[str, Any]:
         "ib.derived_rails": list(settings.rails),
         "ib.derived": settings.conf(),
         "ib.left_out": dict(settings.left_out),
+        "ib.rail_gpu": floor_fabric.rail_gpus(found, settings.rails),
         "ib.gid_types": {
             p.hca: {str(g.index): g.type for g in p.gids} for p in found.ports if p.roce
         },
