@@ -314,7 +314,7 @@ def derivation_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
             v2 = sorted(int(i) for i, kind in table.items() if kind == floor_fabric.ROCE_V2)
             kind = table.get(gid.strip())
             if kind != floor_fabric.ROCE_V2:
-                entry = f"a {kind} entry" if kind else "no entry"
+                entry = f"the {kind} entry" if kind else "no entry"
                 problems.append(
                     f"NCCL_IB_GID_INDEX={gid} is {entry} on {hca}, not RoCE v2 (RoCE v2 entries:"
                     f" {', '.join(map(str, v2)) or 'none'}): NCCL connections time out"
