@@ -241,10 +241,12 @@ def test_without_nccl_ib_hca_the_storage_port_is_not_a_rail():
 
 def test_fabric_manager_down_is_named_when_nvlinks_are_down():
     found, _ = read("nvlink-down-gpu3")
+    result, _ = judge_system(found)
+    assert "4 NVSwitch(es) on the bus, Fabric Manager active" in result.reason
     payload = nvml_payload(found)
     payload["nvswitch"]["fabric_manager"] = "inactive"
     node = system.node_info(payload, None)
     result = system.judge(_ctx(), node, {0: payload}, 1)
     assert result.status is Status.FAIL
-    assert "Fabric Manager inactive" in result.reason
+    assert "4 NVSwitch(es) on the bus, Fabric Manager inactive" in result.reason
     assert "systemctl start nvidia-fabricmanager" in result.reason
