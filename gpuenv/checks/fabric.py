@@ -190,23 +190,20 @@ def from_links(links: Mapping[str, Any]) -> NodeFabric | None:
     return _from_keys(links) if "ib.ports" in links else None
 
 
+# What the fabric reader adds, by the name NodeFabric gives it (the probe's key is "ib." + it).
+_TOPOLOGY = ("derived_rails", "derived", "left_out", "gid_types", "rail_gpu")
+
+
 def _from_keys(links: Mapping[str, Any]) -> NodeFabric:
-    return NodeFabric(
-        ports=[net.Port(**p) for p in links["ib.ports"]],
-        settings=dict(links.get("ib.settings", {})),
-        before=dict(links.get("ib.counters", {})),
-        verbs=links.get("ib.verbs"),
-        gdr=GdrFacts(
-            peermem=links.get("gdr.peermem"),
-            dmabuf=links.get("gdr.dmabuf"),
-            acs_bridges=tuple(links.get("gdr.acs_bridges", ())),
-            far_pairs=tuple(links.get("gdr.far_pairs", ())),
-        ),
-        derived_rails=links.get("ib.derived_rails"),
-        derived=dict(links.get("ib.derived", {})),
-        left_out=dict(links.get("ib.left_out", {})),
-        gid_types=dict(links.get("ib.gid_types", {})),
-        rail_gpu=dict(links.get("ib.rail_gpu", {})),
+    return NodeFabric.from_dict(
+        {
+            "ports": links["ib.ports"],
+            "settings": links.get("ib.settings", {}),
+            "before": links.get("ib.counters", {}),
+            "verbs": links.get("ib.verbs"),
+            "gdr": {k.removeprefix("gdr."): v for k, v in links.items() if k.startswith("gdr.")},
+            **{k: links[f"ib.{k}"] for k in _TOPOLOGY if f"ib.{k}" in links},
+        }
     )
 
 
