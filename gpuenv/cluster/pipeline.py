@@ -528,7 +528,9 @@ def _by_gpu(node: fabric_check.NodeFabric) -> dict[int | str, net.Port]:
     return {k: found[k] for k in sorted(found, key=order)}
 
 
-def _perftest(port: net.Port, tcp_port: int, gid: str | None, cuda_gpu: int | None) -> list[str]:
+def _perftest(
+    port: net.Port, tcp_port: int, gid: str | None, cuda_gpu: int | None, dmabuf: bool = False
+) -> list[str]:
     argv = ["timeout", str(PERFTEST_DEADLINE_S), "ib_write_bw", "-d", port.device, "-i",
             port.port, "-p", str(tcp_port), "--report_gbits", "-F",
             "-D", str(PERFTEST_RUN_S)]  # fmt: skip
@@ -536,7 +538,14 @@ def _perftest(port: net.Port, tcp_port: int, gid: str | None, cuda_gpu: int | No
         argv += ["-x", gid]
     if cuda_gpu is not None:
         argv.append(f"--use_cuda={cuda_gpu}")
+        if dmabuf:
+            # GPU memory through dma-buf instead of nvidia_peermem (perftest's --use_cuda_dmabuf)
+            argv.append("--use_cuda_dmabuf")
     return argv
+
+
+def _dmabuf_only(node: fabric_check.NodeFabric) -> bool:
+    return not node.gdr.peermem and bool(node.gdr.dmabuf)
 
 
 def _cuda_gpu(node: fabric_check.NodeFabric, port: net.Port, cuda: bool) -> int | None:
@@ -594,20 +603,28 @@ def _pair_runs(state: State, nodes: Mapping[str, fabric_check.NodeFabric]) -> No
     ask: dict[str, list[str]] = {}
     runs: list[judge.RailRun] = []
     for client, server, rails in pairs_:
-        cuda = all(bool(nodes[n].gdr.peermem) and _gpus(h, state)
+        cuda = all((bool(nodes[n].gdr.peermem) or bool(nodes[n].gdr.dmabuf)) and _gpus(h, state)
                    for n, h in ((client.name, client), (server.name, server)))  # fmt: skip
         mine_ = nodes[client.name]
         gid = mine_.settings.get("NCCL_IB_GID_INDEX") or mine_.derived.get("NCCL_IB_GID_INDEX")
         for i, (mine, theirs) in enumerate(rails):
             tcp = PERFTEST_PORT + i
-            near = _cuda_gpu(nodes[client.name], mine, cuda)
+            asked = _perftest(mine, tcp, gid, _cuda_gpu(mine_, mine, cuda), _dmabuf_only(mine_))
             serve.setdefault(server.name, []).append(
-                shlex.join(_perftest(theirs, tcp, gid, _cuda_gpu(nodes[server.name], theirs, cuda)))
+                shlex.join(
+                    _perftest(
+                        theirs,
+                        tcp,
+                        gid,
+                        _cuda_gpu(nodes[server.name], theirs, cuda),
+                        _dmabuf_only(nodes[server.name]),
+                    )
+                )
                 + " >/dev/null 2>&1"
             )
             ask.setdefault(client.name, []).append(
                 f"sleep {PERFTEST_START_S}; echo GPUENV_RAIL {i};"
-                f" {shlex.join([*_perftest(mine, tcp, gid, near), server.rendezvous_address])} 2>&1"
+                f" {shlex.join([*asked, server.rendezvous_address])} 2>&1"
             )  # fmt: skip
             rates = [r for r in (mine.rate_gbytes, theirs.rate_gbytes) if r]
             runs.append(judge.RailRun(client.name, server.name, f"{mine.device}:{mine.port}",

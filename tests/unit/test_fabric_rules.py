@@ -361,3 +361,11 @@ def test_perftest_pairs_rails_by_the_gpu_next_to_them_and_uses_that_gpu():
     )
     assert "--use_cuda=1" in argv
     assert pipeline._cuda_gpu(nodes["a"], rails[1][0], False) is None
+    assert "--use_cuda_dmabuf" not in argv
+    dmabuf = hgx()
+    dmabuf.gdr = fabric.GdrFacts(peermem=False, dmabuf=True)
+    assert pipeline._dmabuf_only(dmabuf) and not pipeline._dmabuf_only(nodes["a"])
+    assert pipeline._perftest(rails[0][0], 18515, None, 0, True)[-2:] == [
+        "--use_cuda=0",
+        "--use_cuda_dmabuf",
+    ]
