@@ -605,19 +605,23 @@ def _pair_runs(state: State, nodes: Mapping[str, fabric_check.NodeFabric]) -> No
     for client, server, rails in pairs_:
         cuda = all((bool(nodes[n].gdr.peermem) or bool(nodes[n].gdr.dmabuf)) and _gpus(h, state)
                    for n, h in ((client.name, client), (server.name, server)))  # fmt: skip
-        mine_ = nodes[client.name]
-        gid = mine_.settings.get("NCCL_IB_GID_INDEX") or mine_.derived.get("NCCL_IB_GID_INDEX")
+        client_node, server_node = nodes[client.name], nodes[server.name]
+        gid = client_node.settings.get("NCCL_IB_GID_INDEX") or client_node.derived.get(
+            "NCCL_IB_GID_INDEX"
+        )
         for i, (mine, theirs) in enumerate(rails):
             tcp = PERFTEST_PORT + i
-            asked = _perftest(mine, tcp, gid, _cuda_gpu(mine_, mine, cuda), _dmabuf_only(mine_))
+            asked = _perftest(
+                mine, tcp, gid, _cuda_gpu(client_node, mine, cuda), _dmabuf_only(client_node)
+            )
             serve.setdefault(server.name, []).append(
                 shlex.join(
                     _perftest(
                         theirs,
                         tcp,
                         gid,
-                        _cuda_gpu(nodes[server.name], theirs, cuda),
-                        _dmabuf_only(nodes[server.name]),
+                        _cuda_gpu(server_node, theirs, cuda),
+                        _dmabuf_only(server_node),
                     )
                 )
                 + " >/dev/null 2>&1"
