@@ -6,10 +6,13 @@ settings it loaded, and reads the counters again. The rules are pure functions o
 shared with the cluster judges (gpuenv.cluster.judge):
 
 - a rail (a port ``NCCL_IB_HCA`` selects, from the environment or /etc/nccl.conf; without it
-  every IB/RoCE port) that is not ACTIVE FAILs naming device, port, state and the likely cause;
-  other ports are reported, not judged;
+  the rails the ``rdma_fabric`` role's derivation selects, ``gpuenv.floor.fabric.derive``: never
+  a storage or management port) that is not ACTIVE FAILs naming device, port, state and the
+  likely cause; other ports are reported, not judged;
 - the NCCL settings in force (``SETTINGS``, environment over /etc/nccl.conf) must be what NCCL
-  reports it loaded, and the NET devices NCCL opened must be the active rails;
+  reports it loaded, and the NET devices NCCL opened must be the active rails; they are also
+  held against the derivation: ``NCCL_IB_GID_INDEX`` must be a RoCE v2 entry of every RoCE
+  rail's GID table, ``NCCL_IB_HCA`` must not name a port the derivation left out;
 - an error counter (``gpuenv.floor.net.ERROR_COUNTERS``) that grew between the two reads FAILs
   naming the port and the counters;
 - across nodes (the cluster's busbw): a node with rails must not fall back to NET/Socket, must
@@ -28,8 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpuenv import proc
 from gpuenv.checks import nccl_log, ranklog
 from gpuenv.checks.base import Context, NodeInfo, Placement, has_module, verdict
+from gpuenv.floor import fabric as floor_fabric
 from gpuenv.floor import net
 from gpuenv.results import Measurement, Result
 
@@ -81,8 +86,8 @@ def environment(ctx: Context, node: NodeInfo) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class GdrFacts:
-    """What decides whether GPUDirect RDMA can work between a node's GPUs and NICs. This branch
-    reads ``peermem`` itself; the topology reader (gpuenv.floor.fabric) fills the rest."""
+    """What decides whether GPUDirect RDMA can work between a node's GPUs and NICs, from the
+    fabric reader (gpuenv.floor.fabric: ``gdr()`` and the GPU-rail affinity)."""
 
     peermem: bool | None = None  # nvidia_peermem loaded (None: not read)
     dmabuf: bool | None = None  # the driver and NIC support dma-buf (None: not read)
@@ -102,6 +107,14 @@ class NodeFabric:
     after: dict[str, dict[str, int]] = field(default_factory=dict)
     verbs: str | None = None  # libibverbs.so.1, where found
     gdr: GdrFacts = field(default_factory=GdrFacts)
+    # The rdma_fabric role's derivation (gpuenv.floor.fabric.derive): its rails (mlx5_0:1) and
+    # NCCL settings (NCCL_* -> value), the ports it left out and why; per port the RoCE v2
+    # entries of its GID table (index -> type). None/empty: not read (an older probe).
+    derived_rails: list[str] | None = None
+    derived: dict[str, str] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
+    gid_types: dict[str, dict[str, str]] = field(default_factory=dict)
+    rail_gpu: dict[str, int] = field(default_factory=dict)  # rail -> index of the GPU nearest it
 
     @property
     def hca(self) -> net.HcaSpec | None:
@@ -109,7 +122,20 @@ class NodeFabric:
 
     @property
     def rails(self) -> list[net.Port]:
+        """NCCL_IB_HCA's ports; without it the derivation's rails (storage ports stay out);
+        without either every IB/RoCE port, as NCCL does."""
+        if self.hca is None and self.derived_rails is not None:
+            wanted = set(self.derived_rails)
+            return [p for p in self.ports if f"{p.device}:{p.port}" in wanted]
         return net.rails(self.ports, self.hca)
+
+    @property
+    def chosen_by(self) -> str:
+        if self.hca:
+            return f"NCCL_IB_HCA={self.hca.text}"
+        if self.derived_rails is not None:
+            return "the rdma_fabric derivation (no NCCL_IB_HCA)"
+        return "every IB/RoCE port (no NCCL_IB_HCA)"
 
     @property
     def active_rails(self) -> list[net.Port]:
@@ -125,6 +151,11 @@ class NodeFabric:
             "after": self.after,
             "verbs": self.verbs,
             "gdr": asdict(self.gdr),
+            "derived_rails": self.derived_rails,
+            "derived": dict(self.derived),
+            "left_out": dict(self.left_out),
+            "gid_types": dict(self.gid_types),
+            "rail_gpu": dict(self.rail_gpu),
         }
 
     @classmethod
@@ -145,31 +176,92 @@ class NodeFabric:
                 acs_bridges=tuple(gdr.get("acs_bridges", ())),
                 far_pairs=tuple(gdr.get("far_pairs", ())),
             ),
+            derived_rails=data.get("derived_rails"),
+            derived=dict(data.get("derived") or {}),
+            left_out=dict(data.get("left_out") or {}),
+            gid_types=dict(data.get("gid_types") or {}),
+            rail_gpu=dict(data.get("rail_gpu") or {}),
         )
 
 
 def from_links(links: Mapping[str, Any]) -> NodeFabric | None:
     """A node's fabric from the cluster probe's ``links`` (gpuenv.cluster.probe.links); None
     where the probe did not read it (an older gpuenv on the node)."""
-    if "ib.ports" not in links:
-        return None
-    return NodeFabric(
-        ports=[net.Port(**p) for p in links["ib.ports"]],
-        settings=dict(links.get("ib.settings", {})),
-        before=dict(links.get("ib.counters", {})),
-        verbs=links.get("ib.verbs"),
-        gdr=GdrFacts(peermem=links.get("gdr.peermem")),
+    return _from_keys(links) if "ib.ports" in links else None
+
+
+# What the fabric reader adds, by the name NodeFabric gives it (the probe's key is "ib." + it).
+_TOPOLOGY = ("derived_rails", "derived", "left_out", "gid_types", "rail_gpu")
+
+
+def _from_keys(links: Mapping[str, Any]) -> NodeFabric:
+    return NodeFabric.from_dict(
+        {
+            "ports": links["ib.ports"],
+            "settings": links.get("ib.settings", {}),
+            "before": links.get("ib.counters", {}),
+            "verbs": links.get("ib.verbs"),
+            "gdr": {k.removeprefix("gdr."): v for k, v in links.items() if k.startswith("gdr.")},
+            **{k: links[f"ib.{k}"] for k in _TOPOLOGY if f"ib.{k}" in links},
+        }
     )
 
 
-def read_node(root: str, environ: Mapping[str, str]) -> NodeFabric:
-    """The node's ports, settings, counters, verbs library and nvidia_peermem (the floor's)."""
-    return NodeFabric(
-        ports=net.rdma_ports(root),
-        settings=net.nccl_settings(root, environ, SETTINGS),
-        before=net.all_port_counters(root),
-        verbs=net.verbs_library(root),
-        gdr=GdrFacts(peermem=net.module_loaded(root, "nvidia_peermem")),
+def topology_links(found: floor_fabric.Fabric) -> dict[str, Any]:
+    """What the fabric rules take from the fabric reader, as the probe's ``links`` keys (the
+    node check reads the same through ``read_node``): GPUDirect RDMA (peermem, dma-buf, ACS
+    redirect between a GPU and the rail under its PCIe switch, GPUs with no rail near them) and
+    the derivation (its rails, NCCL settings and the ports it left out), the GID tables."""
+    settings = floor_fabric.derive(found)
+    nearest = floor_fabric.nearest_rails(found, settings.rails)
+    index = {g.bdf: i for i, g in enumerate(found.gpus)}
+    by_hca = {p.hca: p for p in found.ports}
+    far = []
+    for gpu in found.gpus:
+        rail, relation = nearest.get(gpu.bdf, ("", ""))
+        if rail and relation == floor_fabric.NO_AFFINITY:
+            far.append(
+                f"GPU{index[gpu.bdf]} ({gpu.bdf}, NUMA {gpu.numa_node}) has no rail on its PCIe"
+                f" switch or NUMA node; nearest {rail} is on NUMA {by_hca[rail].numa_node}"
+            )
+    acs = sorted({b for a in found.affinity if a.relation == floor_fabric.PCIE_SWITCH
+                  and a.port in settings.rails for b in a.acs_redirect})  # fmt: skip
+    return {
+        "gdr.peermem": found.gdr.peermem_loaded,
+        "gdr.dmabuf": found.gdr.dmabuf,
+        "gdr.acs_bridges": acs,
+        "gdr.far_pairs": far,
+        "ib.derived_rails": list(settings.rails),
+        "ib.derived": settings.conf(),
+        "ib.left_out": dict(settings.left_out),
+        "ib.rail_gpu": floor_fabric.rail_gpus(found, settings.rails),
+        "ib.gid_types": {
+            p.hca: {str(g.index): g.type for g in p.gids} for p in found.ports if p.roce
+        },
+    }
+
+
+def read_fabric(root: str, environ: Mapping[str, str]) -> floor_fabric.Fabric:
+    """The fabric reader on this node (NVLink counts are NVML's: the system check has them)."""
+    return floor_fabric.read(
+        root, proc.command_output, cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES")
+    )
+
+
+def read_node(
+    root: str, environ: Mapping[str, str], found: floor_fabric.Fabric | None = None
+) -> NodeFabric:
+    """The node's ports, settings, counters and verbs library (the floor's net readers), and
+    from the fabric reader (``found``, read here when not given) GPUDirect RDMA and the
+    derivation."""
+    return _from_keys(
+        {
+            "ib.ports": [asdict(p) for p in net.rdma_ports(root)],
+            "ib.settings": net.nccl_settings(root, environ, SETTINGS),
+            "ib.counters": net.all_port_counters(root),
+            "ib.verbs": net.verbs_library(root),
+            **topology_links(found or read_fabric(root, environ)),
+        }
     )
 
 
@@ -184,27 +276,74 @@ def rail_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
     """Rails that are not ACTIVE (problems, with the likely cause) and the other ports, which
     are reported, not judged (notes)."""
     rails = node.rails
-    chosen = f"NCCL_IB_HCA={node.hca.text}" if node.hca else "every IB/RoCE port (no NCCL_IB_HCA)"
+    chosen = node.chosen_by
     problems = [
         f"rail {_port_words(p)}: {STATE_CAUSES.get(p.state, 'not usable by NCCL')}"
         for p in rails
         if not p.active
     ]
     others = [p for p in node.ports if p not in rails]
-    notes = [f"not a rail ({chosen}): {_port_words(p)}" for p in others]
+    notes = [
+        f"not a rail ({chosen}): {_port_words(p)}"
+        + (f"; {node.left_out[hca]}" if (hca := f"{p.device}:{p.port}") in node.left_out else "")
+        for p in others
+    ]
     if node.ports and not rails:
         problems.append(f"no port is a rail: {chosen} selects none of " + ", ".join(
             p.name for p in node.ports))  # fmt: skip
     return problems, notes
 
 
+def derivation_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
+    """The settings in force held against the fabric's GID tables and the role's derivation:
+    a ``NCCL_IB_GID_INDEX`` that is not a RoCE v2 entry on a RoCE rail FAILs naming the entry
+    (NCCL then speaks RoCE v1 or an IPv6 link-local GID to peers that speak v2: the connection
+    times out); ``NCCL_IB_HCA`` naming a port the derivation left out (a storage or management
+    port) FAILs with why it was left out; any other difference is a note (an override)."""
+    problems, notes = [], []
+    gid = node.settings.get("NCCL_IB_GID_INDEX")
+    roce = [f"{p.device}:{p.port}" for p in node.rails if p.link_layer == "Ethernet"]
+    if gid is not None and roce:
+        for hca in roce:
+            table = node.gid_types.get(hca)
+            if table is None:
+                continue
+            v2 = sorted(int(i) for i, kind in table.items() if kind == floor_fabric.ROCE_V2)
+            kind = table.get(gid.strip())
+            if kind != floor_fabric.ROCE_V2:
+                entry = f"the {kind} entry" if kind else "no entry"
+                problems.append(
+                    f"NCCL_IB_GID_INDEX={gid} is {entry} on {hca}, not RoCE v2 (RoCE v2 entries:"
+                    f" {', '.join(map(str, v2)) or 'none'}): NCCL connections time out"
+                )
+    elif gid is None and roce and node.derived.get("NCCL_IB_GID_INDEX"):
+        notes.append(
+            f"NCCL_IB_GID_INDEX not set on RoCE rails; the GID table's RoCE v2 entry is"
+            f" {node.derived['NCCL_IB_GID_INDEX']} (set it, or run the rdma_fabric role)"
+        )
+    spec = node.hca
+    if spec is not None and node.derived_rails is not None:
+        picked = [f"{p.device}:{p.port}" for p in net.rails(node.ports, spec)]
+        for hca in picked:
+            if hca in node.left_out:
+                why = node.left_out[hca]
+                problems.append(f"NCCL_IB_HCA={spec.text} selects {hca}, not a rail: {why}")
+    for key, want in sorted(node.derived.items()):
+        have = node.settings.get(key)
+        if have is not None and have != want and key != "NCCL_IB_HCA":
+            notes.append(f"{key}={have} in force; the derivation gives {want}")
+    return problems, notes
+
+
 def settings_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
-    """The settings in force against what NCCL reports it loaded, and the NET devices NCCL
-    opened against the active rails. No NCCL log: a note, nothing judged."""
+    """The settings in force against the derivation and the GID tables (``derivation_problems``)
+    and against what NCCL reports it loaded, and the NET devices NCCL opened against the active
+    rails. No NCCL log: a note, the loaded settings not judged."""
+    problems, notes = derivation_problems(node)
     t = node.loaded
     if t is None:
-        return [], [f"NCCL's loaded settings not compared: {node.why_no_log or 'no NCCL log'}"]
-    problems = []
+        notes.append(f"NCCL's loaded settings not compared: {node.why_no_log or 'no NCCL log'}")
+        return problems, notes
     for key, want in sorted(node.settings.items()):
         got = t.settings.get(key)
         if got is None:
@@ -213,7 +352,6 @@ def settings_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
             problems.append(f"{key}: set to {want!r}, NCCL loaded {got!r}")
     opened = sorted({d.split("/")[0] for d in t.net_devices.values()})
     wanted = sorted(f"{p.device}:{p.port}" for p in node.active_rails)
-    notes = []
     is_ib = any("/" in d and d.split("/")[1] in ("IB", "RoCE") for d in t.net_devices.values())
     if is_ib and opened != wanted:
         extra = [d for d in opened if d not in wanted]

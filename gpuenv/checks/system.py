@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuenv import proc
 from gpuenv.checks.base import Context, NodeInfo, Placement, measurement, module_version
 from gpuenv.checks.ranklog import RankContext
 from gpuenv.checks.thresholds import model_spec
-from gpuenv.floor import net, pci
+from gpuenv.floor import fabric, net, pci
 from gpuenv.floor.pci import normal_bus_id
 from gpuenv.results import Measurement, Result, Status
 
@@ -158,12 +159,24 @@ def rdma_ports(root: str | os.PathLike[str] | None = None) -> list[str]:
     return [p.name for p in net.rdma_ports(str(root or os.environ.get(ROOT_ENV, "/")))]
 
 
+def nvswitch_state(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The NVSwitches on the bus and Fabric Manager's state (the fabric reader's rule,
+    gpuenv.floor.fabric): without Fabric Manager the NVLinks through NVSwitches do not train."""
+    where = str(root or os.environ.get(ROOT_ENV, "/"))
+    switches = tuple(d.bdf for d in (pci.devices(where) or []) if d.is_nvswitch)
+    return {
+        "switches": list(switches),
+        "fabric_manager": fabric.fabric_manager(proc.command_output, switches),
+    }
+
+
 def rank_main(rank: RankContext) -> dict[str, Any]:
     return {
         "probe": probe(),
         "pci_gpus": pci_gpus(),
         "rdma_ports": rdma_ports(),
         "versions": library_versions(),
+        "nvswitch": nvswitch_state(),
     }
 
 
@@ -227,7 +240,25 @@ def unlinked(gpu: Mapping[str, Any]) -> bool:
     return int(gpu.get("nvlink_links") or 0) == 0
 
 
-def nvlink_problems(ctx: Context, gpus: list[dict[str, Any]]) -> list[str]:
+def nvswitch_why(nvswitch: Mapping[str, Any] | None) -> str:
+    """Why NVLinks may be down, from the NVSwitches and Fabric Manager ("" when not read or
+    without NVSwitches)."""
+    switches = list((nvswitch or {}).get("switches") or [])
+    if not switches:
+        return ""
+    state = str((nvswitch or {}).get("fabric_manager") or "unknown")
+    said = f"{len(switches)} NVSwitch(es) on the bus, Fabric Manager {state}"
+    if state != "active":
+        said += (
+            " (NVLinks through NVSwitches train only while nvidia-fabricmanager runs:"
+            " systemctl start nvidia-fabricmanager)"
+        )
+    return said
+
+
+def nvlink_problems(
+    ctx: Context, gpus: list[dict[str, Any]], nvswitch: Mapping[str, Any] | None = None
+) -> list[str]:
     """Every GPU with fewer active NVLinks than its model has (``nvlink_links`` of its
     gpu_specs.yaml row) or than its best peer, naming the GPU, the counts and the links down.
     A GPU whose model has no NVLink on its board and whose peers have none is not judged, nor a
@@ -256,6 +287,8 @@ def nvlink_problems(ctx: Context, gpus: list[dict[str, Any]]) -> list[str]:
             f"GPU{g['index']} ({g.get('pci_bus_id') or '?'}) has {active} of {want} NVLinks"
             f" active ({why}); links down: {down or 'not listed by NVML'}"
         )
+    if found and (switch := nvswitch_why(nvswitch)):
+        found.append(switch)
     return found
 
 
@@ -335,7 +368,7 @@ def judge(
             f"the PCI bus shows {expected} NVIDIA GPU(s), NVML sees {count}; not seen by the"
             f" driver: {missing} ({summary})"
         )
-    elif down := nvlink_problems(ctx, gpus):
+    elif down := nvlink_problems(ctx, gpus, payload.get("nvswitch")):
         failure = f"NVLink down: {'; '.join(down)} ({summary})"
     if failure:
         return Result(

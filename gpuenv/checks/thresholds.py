@@ -281,6 +281,17 @@ def model_spec(specs: Mapping[str, Any], gpu: Mapping[str, Any]) -> dict[str, An
     return None
 
 
+def model_links(specs: Mapping[str, Any]) -> dict[str, int]:
+    """The fabric reader's ``model_links`` (gpuenv.floor.fabric.read): each PCI device id of a
+    row with ``nvlink_links`` -> that count. Rows without a count (PCIe, NVL cards) are left out."""
+    return {
+        str(i).lower(): int(row["nvlink_links"])
+        for row in specs.get("models", [])
+        if row.get("nvlink_links")
+        for i in row.get("pci_ids", [])
+    }
+
+
 def describe_gpu(gpu: Mapping[str, Any]) -> str:
     """``'NVIDIA H200' (PCI id 0x2335)``: how a GPU is named where its spec is missing."""
     device_id = gpu.get("pci_device_id")

@@ -514,29 +514,60 @@ def _rail_pairs(
     state: State, nodes: Mapping[str, fabric_check.NodeFabric]
 ) -> list[tuple[Host, Host, list[tuple[net.Port, net.Port]]]]:
     """The ring of node pairs (each node the client of the next), each with its active rails
-    matched in name order (the client's first rail to the server's first)."""
+    matched by GPU-NIC affinity: the client's rail nearest GPU k to the server's rail nearest
+    GPU k (the rail-aligned pairs NCCL's traffic takes); rails without a known GPU follow in
+    name order."""
     hosts = [h for h in state.alive if nodes.get(h.name) and nodes[h.name].active_rails]
     pairs_ = []
     for i, client in enumerate(hosts):
         server = hosts[(i + 1) % len(hosts)]
         if server is client or (len(hosts) == 2 and i == 1):
             continue
-        mine = sorted(nodes[client.name].active_rails, key=lambda p: p.name)
-        theirs = sorted(nodes[server.name].active_rails, key=lambda p: p.name)
+        mine, theirs = _by_gpu(nodes[client.name]), _by_gpu(nodes[server.name])
+        matched = [(mine.pop(k), theirs.pop(k)) for k in [k for k in mine if k in theirs]]
         # As many runs as the node with fewer rails has.
-        pairs_.append((client, server, list(zip(mine, theirs, strict=False))))
+        matched += list(zip(mine.values(), theirs.values(), strict=False))
+        pairs_.append((client, server, matched))
     return pairs_
 
 
-def _perftest(port: net.Port, tcp_port: int, gid: str | None, cuda: bool) -> list[str]:
+def _by_gpu(node: fabric_check.NodeFabric) -> dict[int | str, net.Port]:
+    """A node's active rails keyed by the index of their nearest GPU (the rail's name where the
+    probe read no affinity, or two rails share a GPU), in GPU then name order."""
+    found: dict[int | str, net.Port] = {}
+    for p in sorted(node.active_rails, key=lambda p: p.name):
+        gpu = node.rail_gpu.get(f"{p.device}:{p.port}")
+        found[gpu if gpu is not None and gpu not in found else p.name] = p
+
+    def order(key: int | str) -> tuple[int, int, str]:
+        return (1, 0, key) if isinstance(key, str) else (0, key, "")
+
+    return {k: found[k] for k in sorted(found, key=order)}
+
+
+def _perftest(
+    port: net.Port, tcp_port: int, gid: str | None, cuda_gpu: int | None, dmabuf: bool = False
+) -> list[str]:
     argv = ["timeout", str(PERFTEST_DEADLINE_S), "ib_write_bw", "-d", port.device, "-i",
             port.port, "-p", str(tcp_port), "--report_gbits", "-F",
             "-D", str(PERFTEST_RUN_S)]  # fmt: skip
     if gid:
         argv += ["-x", gid]
-    if cuda:
-        argv.append("--use_cuda=0")
+    if cuda_gpu is not None:
+        argv.append(f"--use_cuda={cuda_gpu}")
+        if dmabuf:
+            # GPU memory through dma-buf instead of nvidia_peermem (perftest's --use_cuda_dmabuf)
+            argv.append("--use_cuda_dmabuf")
     return argv
+
+
+def _dmabuf_only(node: fabric_check.NodeFabric) -> bool:
+    return not node.gdr.peermem and bool(node.gdr.dmabuf)
+
+
+def _cuda_gpu(node: fabric_check.NodeFabric, port: net.Port, cuda: bool) -> int | None:
+    """The GPU next to the port for a GPU-memory run (GPU 0 where the affinity is unknown)."""
+    return node.rail_gpu.get(f"{port.device}:{port.port}", 0) if cuda else None
 
 
 def fabric_stage(state: State) -> None:
@@ -589,17 +620,32 @@ def _pair_runs(state: State, nodes: Mapping[str, fabric_check.NodeFabric]) -> No
     ask: dict[str, list[str]] = {}
     runs: list[judge.RailRun] = []
     for client, server, rails in pairs_:
-        cuda = all(bool(nodes[n].gdr.peermem) and _gpus(h, state)
+        cuda = all((bool(nodes[n].gdr.peermem) or bool(nodes[n].gdr.dmabuf)) and _gpus(h, state)
                    for n, h in ((client.name, client), (server.name, server)))  # fmt: skip
-        gid = nodes[client.name].settings.get("NCCL_IB_GID_INDEX")
+        client_node, server_node = nodes[client.name], nodes[server.name]
+        gid = client_node.settings.get("NCCL_IB_GID_INDEX") or client_node.derived.get(
+            "NCCL_IB_GID_INDEX"
+        )
         for i, (mine, theirs) in enumerate(rails):
             tcp = PERFTEST_PORT + i
+            asked = _perftest(
+                mine, tcp, gid, _cuda_gpu(client_node, mine, cuda), _dmabuf_only(client_node)
+            )
             serve.setdefault(server.name, []).append(
-                shlex.join(_perftest(theirs, tcp, gid, cuda)) + " >/dev/null 2>&1"
+                shlex.join(
+                    _perftest(
+                        theirs,
+                        tcp,
+                        gid,
+                        _cuda_gpu(server_node, theirs, cuda),
+                        _dmabuf_only(server_node),
+                    )
+                )
+                + " >/dev/null 2>&1"
             )
             ask.setdefault(client.name, []).append(
                 f"sleep {PERFTEST_START_S}; echo GPUENV_RAIL {i};"
-                f" {shlex.join([*_perftest(mine, tcp, gid, cuda), server.rendezvous_address])} 2>&1"
+                f" {shlex.join([*asked, server.rendezvous_address])} 2>&1"
             )  # fmt: skip
             rates = [r for r in (mine.rate_gbytes, theirs.rate_gbytes) if r]
             runs.append(judge.RailRun(client.name, server.name, f"{mine.device}:{mine.port}",

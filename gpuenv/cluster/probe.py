@@ -21,6 +21,7 @@ from importlib import metadata
 from typing import Any
 
 from gpuenv import proc
+from gpuenv.checks import fabric as fabric_check
 from gpuenv.floor import cuda_compat, net
 from gpuenv.floor.node import package_versions
 
@@ -124,8 +125,10 @@ def links(root: str = "/") -> dict[str, Any]:
         "ib.settings": net.nccl_settings(root, os.environ, net.NCCL_FABRIC_SETTINGS),
         "ib.counters": net.all_port_counters(root),
         "ib.verbs": net.verbs_library(root),
-        "gdr.peermem": net.module_loaded(root, "nvidia_peermem"),
         "tools.ib_write_bw": shutil.which("ib_write_bw"),
+        # The fabric reader's share (gpuenv.floor.fabric): gdr.peermem, gdr.dmabuf,
+        # gdr.acs_bridges, gdr.far_pairs, the derivation's rails and settings, the GID tables.
+        **fabric_check.topology_links(fabric_check.read_fabric(root, os.environ)),
     }
     if rates:
         out["ib.rate_gbps"] = min(rates)

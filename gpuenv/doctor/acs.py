@@ -5,7 +5,11 @@ peer-to-peer traffic up to the root complex instead of straight across: GPU-to-G
 GPUDirect RDMA slow down or hang (NCCL's troubleshooting guide). The bridges that matter for
 a pair of devices are those on their sysfs paths below the last bridge both paths share (two
 devices under different root ports meet in the root complex: their traffic goes up anyway).
-``lspci -vvv`` (root only) shows each bridge's ``ACSCtl`` flags.
+Each bridge's ACS Control register is read by the floor (``gpuenv.floor.pci.acs_control``) from
+sysfs ``config``; that needs root, since sysfs shows a user other than root only the first 64 bytes
+of configuration space and ACS is an extended capability (past 256 bytes). Where ``config`` cannot
+be read that far, ``lspci -vvv`` (root only too) is the fallback, and a user other than root gets a
+SKIP saying so.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import re
 from gpuenv.doctor import pci
 from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
+from gpuenv.floor import pci as floor_pci
 
 _HEADER_RE = re.compile(r"^([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) (.*)$")
 _ON_FLAGS = ("SrcValid+", "ReqRedir+", "CmpltRedir+")
@@ -36,6 +41,28 @@ def acs_controls(lspci_text: str) -> dict[str, tuple[str, str]]:
         elif bdf and stripped == "Capabilities: <access denied>":
             out[bdf] = (desc, "<access denied>")
     return out
+
+
+NOT_ROOT = (
+    "not run as root: sysfs config shows only the first 64 bytes of configuration space to other"
+    " users and lspci cannot read the bridges' ACS capability either"
+)
+
+
+def _sysfs_acs(system: System, crossing: dict[str, list[str]]) -> dict[str, str] | None:
+    """{bridge: evidence} for the bridges whose ACS Control has a peer-to-peer
+    flag on, from sysfs config; None when some bridge's extended config space cannot be read."""
+    root = str(system.root)
+    if not all(floor_pci.config_readable(root, b) for b in crossing):
+        return None
+    on = {}
+    for b in sorted(crossing):
+        control = floor_pci.acs_control(root, b)  # None: the bridge has no ACS capability
+        flags = floor_pci.acs_flags(control or 0)
+        if flags:
+            said = " ".join(f"{f}+" for f in flags)
+            on[b] = f"sysfs {b}/config: ACS Control 0x{control:04x}: ACSCtl: {said}"
+    return on
 
 
 def iommu_mode(system: System) -> tuple[str, str]:
@@ -83,22 +110,24 @@ def pcie_acs(system: System) -> ClassReading:
     facts = {"iommu": mode, "path_bridges": sorted(crossing)}
     if not crossing:
         return ClassReading(6, facts=facts)
-    out = system.run("lspci-vvv", ["lspci", "-D", "-vvv"])
-    if out.rc is None:
-        return skipped(6, out.why("lspci (pciutils)"), **facts)
-    controls = acs_controls(out.stdout)
-    if any(controls.get(b, ("", ""))[1] == "<access denied>" for b in crossing):
-        return skipped(6, "not run as root: lspci cannot read the bridges' ACS capability", **facts)
-    on = {
-        b: controls[b]
-        for b in sorted(crossing)
-        if b in controls and any(f in controls[b][1] for f in _ON_FLAGS)
-    }
+    on = _sysfs_acs(system, crossing)
+    if on is None:
+        out = system.run("lspci-vvv", ["lspci", "-D", "-vvv"])
+        if out.rc is None:
+            return skipped(6, out.why("lspci (pciutils)"), **facts)
+        controls = acs_controls(out.stdout)
+        if any(controls.get(b, ("", ""))[1] == "<access denied>" for b in crossing):
+            return skipped(6, NOT_ROOT, **facts)
+        on = {
+            b: f"lspci -vvv {b} ({controls[b][0]}): ACSCtl: {controls[b][1]}"
+            for b in sorted(crossing)
+            if b in controls and any(f in controls[b][1] for f in _ON_FLAGS)
+        }
     facts["acs_on"] = sorted(on)
     reading = ClassReading(6, facts=facts)
     if not on:
         return reading
-    evidence = [f"lspci -vvv {b} ({desc}): ACSCtl: {flags}" for b, (desc, flags) in on.items()]
+    evidence = list(on.values())
     evidence += [f"{b} is on the path {', '.join(crossing[b][:3])}" for b in on]
     evidence.append(f"IOMMU: {mode} ({mode_evidence})")
     bdfs = ";".join(on)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuenv.doctor import pci
-from gpuenv.doctor.driver import loaded_module, version_key
+from gpuenv.doctor.driver import loaded_module
 from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
-from gpuenv.floor import net
+from gpuenv.floor import fabric, net
 
 _FIXES = (
     "modprobe nvidia-peermem && echo nvidia-peermem > /etc/modules-load.d/nvidia-peermem.conf",
@@ -24,18 +24,10 @@ _FIXES = (
 
 
 def rdma_mode(system: System) -> tuple[str, list[str]]:
-    modules = [ln.split()[0] for ln in (system.read("/proc/modules") or "").splitlines() if ln]
-    peer = [m for m in modules if m in ("nvidia_peermem", "nv_peer_mem")]
-    if peer:
-        return "peermem", [f"/proc/modules: {peer[0]} loaded"]
-    kernel = (system.read("/proc/sys/kernel/osrelease") or "").strip()
-    module = loaded_module(system)
-    evidence = ["/proc/modules: no nvidia_peermem"]
-    flavour = module.flavour if module else "none"
-    if flavour == "open" and version_key(kernel)[:2] >= (5, 12):
-        return "dma-buf", [*evidence, f"open kernel module on Linux {kernel}: dma-buf"]
-    evidence.append(f"no dma-buf: {flavour} kernel module on Linux {kernel} (needs open, >= 5.12)")
-    return "off", evidence
+    """The floor's GPUDirect RDMA rule (``gpuenv.floor.fabric.gdr``): peermem, dma-buf or off,
+    with its reason as evidence."""
+    found = fabric.gdr(str(system.root))
+    return found.mode, [f"GPUDirect RDMA {found.mode}: {found.why}"]
 
 
 def gpudirect_rdma(system: System) -> ClassReading:
@@ -49,7 +41,7 @@ def gpudirect_rdma(system: System) -> ClassReading:
         return skipped(7, "no NVIDIA kernel module loaded")
     mode, evidence = rdma_mode(system)
     reading = ClassReading(7, facts={"mode": mode, "rdma_devices": hcas})
-    if mode == "off":
+    if mode == fabric.GDR_OFF:
         reading.findings.append(
             Finding(
                 7,
@@ -67,13 +59,13 @@ def compare(readings: Mapping[str, ClassReading]) -> None:
     """Name, on each node without GPUDirect RDMA (or without any RDMA device), the nodes that
     have it."""
     modes = {n: v.facts.get("mode") for n, v in readings.items()}
-    on = sorted(n for n, m in modes.items() if m in ("peermem", "dma-buf"))
+    on = sorted(n for n, m in modes.items() if m in (fabric.PEERMEM, fabric.DMABUF))
     if not on:
         return
     peers = ", ".join(f"{n} ({modes[n]})" for n in on)
     for node, mode in modes.items():
         v = readings[node]
-        if mode == "off":
+        if mode == fabric.GDR_OFF:
             v.findings = [
                 Finding(
                     7,

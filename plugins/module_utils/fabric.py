@@ -7,8 +7,9 @@ counts (NVML's, handed in by the caller: sysfs has none); the NVSwitches and Fab
 state; every InfiniBand/RoCE port with state, physical state, rate, link layer, GID table,
 netdev, NUMA node and PCI path; GPU<->port affinity; GPUDirect RDMA; ACS on the bridges between
 a GPU and a port. ``derive(fabric, ...)`` gives the NCCL settings the ``rdma_fabric`` role writes
-(docs/roles/rdma_fabric.md holds the rules with their sources). ``port_counters`` reads a port's
-error counters. Standard library only; ``root`` is ``/`` on a node, a fixture tree in tests.
+(docs/roles/rdma_fabric.md holds the rules with their sources). A port's error counters are
+``net.port_counters`` (one reader). Standard library only; ``root`` is ``/`` on a node, a
+fixture tree in tests.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from .net import RDMA_CLASS, Port, default_route_interface, rdma_ports
+from .net import (
+    RDMA_CLASS,
+    Port,
+    default_route_interface,
+    module_loaded,
+    rdma_ports,
+)
 from .node import Run, read_under, resolve_under
 from .pci import ACS_P2P_REDIRECT, Device, acs_control, devices, normal_bus_id
 
@@ -38,6 +45,9 @@ GDR_OFF = "off"
 # dma-buf needs Linux 5.12 or later and NVIDIA's open kernel module (NVIDIA GPU Operator,
 # "GPUDirect RDMA and GPUDirect Storage"; NCCL environment variables, NCCL_DMABUF_ENABLE).
 DMABUF_MIN_KERNEL = (5, 12)
+# The modules that give GPUDirect RDMA through peer memory: nvidia_peermem (the driver's, since
+# R470) and nv_peer_mem (Mellanox's older out-of-tree module, same role).
+PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
 
 # NCCL_IB_TC and NCCL_IB_SL the role writes unless told otherwise. NCCL's own default is 0 for
 # both (NCCL environment variables, NCCL_IB_TC / NCCL_IB_SL). 106 is DSCP 26 (26 << 2 = 104)
@@ -50,14 +60,6 @@ ROCE_V2 = "RoCE v2"
 _IPV4_MAPPED = re.compile(r"^0000:0000:0000:0000:0000:ffff:[0-9a-f]{4}:[0-9a-f]{4}$")
 _ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 _NVIDIA_VERSION = "/proc/driver/nvidia/version"
-
-# The error counters of a port (sysfs ports/N/counters/).
-ERROR_COUNTERS = (
-    "symbol_error",
-    "link_downed",
-    "port_rcv_errors",
-    "excessive_buffer_overrun_errors",
-)
 
 
 @dataclass(frozen=True)
@@ -323,13 +325,14 @@ def gdr(root: str) -> Gdr:
     """GPUDirect RDMA: nvidia_peermem loaded, else dma-buf (the open module on Linux >= 5.12),
     else off. ``peermem_module``: the running kernel can load nvidia-peermem (modules.dep)."""
     kernel = (read_under(root, "/proc/sys/kernel/osrelease") or "").strip()
-    loaded = os.path.isdir(os.path.join(root, "sys/module/nvidia_peermem"))
+    peer = [m for m in PEERMEM_MODULES if module_loaded(root, m)]
+    loaded = bool(peer)
     deps = read_under(root, f"/lib/modules/{kernel}/modules.dep") if kernel else None
     present = bool(deps and re.search(r"/nvidia[-_]peermem\.ko", deps))
     flavour = module_flavour(root)
     dmabuf = flavour == "open" and _kernel_major_minor(kernel) >= DMABUF_MIN_KERNEL
     if loaded:
-        mode, why = PEERMEM, "nvidia_peermem is loaded"
+        mode, why = PEERMEM, f"{peer[0]} is loaded"
     elif dmabuf:
         mode, why = DMABUF, f"open NVIDIA kernel module on Linux {kernel}"
     else:
@@ -443,6 +446,34 @@ def rails(fabric: Fabric) -> tuple[tuple[str, ...], dict[str, str]]:
     return tuple(sorted(chosen, key=_natural)), left_out
 
 
+_NEARNESS = {PCIE_SWITCH: 0, SAME_NUMA: 1, NO_AFFINITY: 2}
+
+
+def nearest_rails(fabric: Fabric, rails: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """Per GPU (BDF): its nearest rail and their relation (a shared PCIe switch first, then the
+    same NUMA node, then neither; ties go to the rail first in ``rails``). Empty without rails."""
+    found = {}
+    for gpu in fabric.gpus:
+        near = sorted((_NEARNESS[fabric.relation(gpu.bdf, r)], i, r) for i, r in enumerate(rails))
+        if near:
+            rail = near[0][2]
+            found[gpu.bdf] = (rail, fabric.relation(gpu.bdf, rail))
+    return found
+
+
+def rail_gpus(fabric: Fabric, rails: tuple[str, ...]) -> dict[str, int]:
+    """Per rail: the index (PCI bus order, CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID) of the GPU
+    nearest to it, for a GPU-memory test of that rail (``ib_write_bw --use_cuda``)."""
+    found: dict[str, int] = {}
+    for rail in rails:
+        near = sorted(
+            (_NEARNESS[fabric.relation(g.bdf, rail)], i) for i, g in enumerate(fabric.gpus)
+        )
+        if near:
+            found[rail] = near[0][1]
+    return found
+
+
 def gid_index(chosen: list[RdmaPort]) -> tuple[int | None, list[str]]:
     """NCCL_IB_GID_INDEX for the RoCE rails: the RoCE v2 entry holding an IPv4-mapped address
     (::ffff:a.b.c.d), else the first RoCE v2 entry that is not link-local; one index for all
@@ -496,15 +527,3 @@ def derive(fabric: Fabric, overrides: Mapping[str, object] | None = None) -> Ncc
         origin=origin,
         problems=tuple(problems),
     )
-
-
-def port_counters(root: str, device: str, port: str | int) -> dict[str, int]:
-    """A port's error counters (ports/N/counters/): symbol errors, link downed, receive errors,
-    excessive buffer overruns; a counter sysfs does not hold is left out."""
-    base = f"{RDMA_CLASS}/{device}/ports/{port}/counters"
-    found = {}
-    for name in ERROR_COUNTERS:
-        value = _int(read_under(root, f"{base}/{name}"))
-        if value is not None:
-            found[name] = value
-    return found

@@ -239,7 +239,7 @@ def rails(ports: list[Port], spec: HcaSpec | None) -> list[Port]:
     return [p for p in rdma if spec is None or spec.selects(p.device, p.port)]
 
 
-def port_counters(root: str, device: str, port: str) -> dict[str, int]:
+def port_counters(root: str, device: str, port: str | int) -> dict[str, int]:
     """The error counters of one port (missing or unreadable ones are left out)."""
     found = {}
     for name in ERROR_COUNTERS:
@@ -288,5 +288,9 @@ def nccl_settings(
 
 
 def module_loaded(root: str, module: str) -> bool:
-    """Whether a kernel module is loaded (/sys/module/NAME), e.g. nvidia_peermem."""
-    return os.path.isdir(os.path.join(root, "sys/module", module))
+    """Whether a kernel module is loaded: /sys/module/NAME, or its line in /proc/modules (the
+    same kernel list; a node or fixture may show one of the two)."""
+    if os.path.isdir(os.path.join(root, "sys/module", module)):
+        return True
+    listed = (read_under(root, "/proc/modules") or "").splitlines()
+    return any(line.split(" ", 1)[0] == module for line in listed)

@@ -137,6 +137,27 @@ ACS_CONTROL_OFFSET = 6
 ACS_P2P_REDIRECT = 0x0004 | 0x0008
 
 
+# ACS Source Validation (bit 0, lspci's SrcValid+) is on the doctor's list too: with it on, some
+# switches check every peer request's requester id and send it up (NCCL troubleshooting, ACS).
+ACS_SOURCE_VALIDATION = 0x0001
+ACS_FLAG_NAMES = {0x0001: "SrcValid", 0x0004: "ReqRedir", 0x0008: "CmpltRedir"}
+
+
+def acs_flags(control: int) -> list[str]:
+    """The ACS Control bits that matter for peer-to-peer, as lspci names them (``ReqRedir``)."""
+    return [name for bit, name in ACS_FLAG_NAMES.items() if control & bit]
+
+
+def config_readable(root: str, bdf: str) -> bool:
+    """Whether the extended configuration space (past 256 bytes) of a function can be read: sysfs
+    ``config`` gives a user other than root only the first 64 bytes, so ACS needs root."""
+    try:
+        with open(os.path.join(root, DEVICES.lstrip("/"), bdf, "config"), "rb") as handle:
+            return len(handle.read(EXTENDED_CONFIG_START + 8)) > EXTENDED_CONFIG_START
+    except OSError:
+        return False
+
+
 def acs_control(root: str, bdf: str) -> int | None:
     """A bridge's ACS Control register from its sysfs ``config``; None when the extended
     configuration space cannot be read (not root: sysfs shows only 64 bytes) or the bridge has

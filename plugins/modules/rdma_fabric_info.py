@@ -29,7 +29,11 @@ options:
     type: dict
     default: {}
   model_links:
-    description: The NVLink count of each GPU model by PCI device id (C(0x2330)).
+    description:
+      - The NVLink count of each GPU model by PCI device id (C(0x2330)).
+      - The caller supplies it, because the spec table that holds it (C(nvlink_links) of the
+        gpuenv package's gpu_specs.yaml) does not ship in the collection and the module cannot
+        read it on the node. The gpuenv package passes C(gpuenv.checks.thresholds.model_links).
     type: dict
     default: {}
   ib_hca:

@@ -69,7 +69,7 @@ EXPECT = {
     4: ("Secure Boot", "module verification failed", "mokutil --import"),
     5: ("6.8.0-50-generic", "the newest of /boot/vmlinuz-*", "dkms autoinstall -k"),
     6: ("0000:02:00.0, 0000:02:01.0", "ACSCtl: SrcValid+", "setpci -s 0000:02:00.0 ECAP_ACS+0x6.w"),
-    7: ("GPUDirect RDMA is off", "no nvidia_peermem", "modprobe nvidia-peermem"),
+    7: ("GPUDirect RDMA is off", "nvidia_peermem not loaded", "modprobe nvidia-peermem"),
     8: (
         "NCCL_SOCKET_IFNAME=ib does not select eth0",
         "/etc/nccl.conf:2",
@@ -115,8 +115,8 @@ def test_acs_on_a_root_port_both_gpus_share_is_not_a_finding(tmp_path):
     assert v.facts["iommu"] == "passthrough"
 
 
-def test_acs_unreadable_without_root_is_a_skip(tmp_path):
-    root = node(tmp_path)
+def _lspci_as_non_root(root: Path) -> None:
+    """lspci -vvv as a user other than root prints it: capabilities denied, no ACS lines."""
     text = (root / "cmd/lspci-vvv.out").read_text()
     lines = [
         "\tCapabilities: <access denied>" if "Capabilities" in ln else ln
@@ -124,8 +124,50 @@ def test_acs_unreadable_without_root_is_a_skip(tmp_path):
         if not ln.startswith(("\t\tACS",))
     ]
     (root / "cmd/lspci-vvv.out").write_text("\n".join(lines) + "\n")
+
+
+def test_acs_unreadable_without_root_is_a_skip(tmp_path):
+    root = node(tmp_path)
+    _lspci_as_non_root(root)
     v = diagnose(root)[6]
     assert v.skip and "not run as root" in v.skip
+
+
+def _config(acs_control: int | None, size: int = 4096) -> bytes:
+    """A bridge's config space: an ACS extended capability at 0x100 with this control value."""
+    space = bytearray(4096)
+    if acs_control is not None:
+        space[0x100:0x104] = (0x000D | (1 << 16)).to_bytes(4, "little")  # id, version, next 0
+        space[0x106:0x108] = acs_control.to_bytes(2, "little")
+    return bytes(space[:size])
+
+
+def _bridges_config(root: Path, values: dict[str, bytes]) -> None:
+    for bdf, data in values.items():
+        (root / "sys/bus/pci/devices" / bdf / "config").write_bytes(data)
+
+
+def test_acs_read_from_sysfs_config_as_root_without_lspci(tmp_path):
+    root = node(tmp_path)
+    (root / "cmd/lspci-vvv.out").unlink()  # sysfs alone decides
+    crossing = diagnose(root)[6].facts["path_bridges"]
+    assert crossing
+    _bridges_config(root, {b: _config(0) for b in crossing})
+    v = diagnose(root)[6]
+    assert not v.findings and not v.skip, (v.findings, v.skip)
+    _bridges_config(root, {crossing[0]: _config(0x000D)})  # SrcValid, ReqRedir, CmpltRedir
+    (f,) = diagnose(root)[6].findings
+    assert crossing[0] in f.title
+    assert any("ACSCtl: SrcValid+ ReqRedir+ CmpltRedir+" in e for e in f.evidence), f.evidence
+
+
+def test_acs_64_bytes_of_config_as_non_root_falls_back_to_lspci_and_skips(tmp_path):
+    root = node(tmp_path)
+    crossing = diagnose(root)[6].facts["path_bridges"]
+    _bridges_config(root, {b: _config(0x000D, size=64) for b in crossing})
+    _lspci_as_non_root(root)
+    v = diagnose(root)[6]
+    assert v.skip and "64 bytes" in v.skip and "root" in v.skip
 
 
 def test_missing_tools_and_files_skip_with_reason(tmp_path):

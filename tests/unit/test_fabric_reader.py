@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuenv.floor import fabric, pci
+from gpuenv.floor import fabric, net, pci
 from gpuenv.floor.node import command_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,15 +175,15 @@ def test_gid_index_prefers_the_ipv4_mapped_roce_v2_entry():
 def test_port_counters_read_the_four_error_counters(tmp_path):
     base = tmp_path / "sys/class/infiniband/mlx5_0/ports/1/counters"
     base.mkdir(parents=True)
-    for i, name in enumerate(fabric.ERROR_COUNTERS):
+    for i, name in enumerate(net.ERROR_COUNTERS):
         (base / name).write_text(f"{i * 7}\n")
-    assert fabric.port_counters(str(tmp_path), "mlx5_0", 1) == {
+    assert net.port_counters(str(tmp_path), "mlx5_0", 1) == {
         "symbol_error": 0,
         "link_downed": 7,
         "port_rcv_errors": 14,
         "excessive_buffer_overrun_errors": 21,
     }
-    assert fabric.port_counters(str(tmp_path), "mlx5_9", 1) == {}
+    assert net.port_counters(str(tmp_path), "mlx5_9", 1) == {}
 
 
 def test_acs_control_walks_the_extended_capabilities(tmp_path):

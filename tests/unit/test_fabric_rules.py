@@ -33,7 +33,9 @@ def hgx(state: str = "ACTIVE", phys: str = "LinkUp", **kw) -> fabric.NodeFabric:
     """An HGX node: eight 400 Gb/s rails mlx5_0..7 and a storage port mlx5_8."""
     ports = [port(f"mlx5_{i}", state, phys) for i in range(8)]
     ports.append(port("mlx5_8", "ACTIVE", "LinkUp", "200 Gb/sec (2X NDR)", "Ethernet"))
-    settings = {"NCCL_IB_HCA": "=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7"}
+    settings = kw.pop("settings", None) or {
+        "NCCL_IB_HCA": "=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7"
+    }
     return fabric.NodeFabric(ports=ports, settings=settings, verbs="/usr/lib/libibverbs.so.1",
                              gdr=fabric.GdrFacts(peermem=True), **kw)  # fmt: skip
 
@@ -329,3 +331,41 @@ def test_gpu_subset_without_cuda_visible_devices_is_bad_input(monkeypatch, capsy
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert main(["check", "--gpu-subset"]) == 2
     assert "--gpu-subset: CUDA_VISIBLE_DEVICES is not set" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- rails paired by GPU affinity
+
+
+def test_perftest_pairs_rails_by_the_gpu_next_to_them_and_uses_that_gpu():
+    from gpuenv.cluster import pipeline
+    from gpuenv.cluster.inventory import Host
+
+    a, b = (Host(n, n, "127.0.0.1", local=True) for n in ("a", "b"))
+    state = pipeline.State([a, b], pipeline.Options(), None)  # type: ignore[arg-type]
+    state.alive = [a, b]
+    # a: mlx5_0 next to GPU 1, mlx5_1 next to GPU 0; b: the other way round (name order would
+    # pair a's GPU-1 rail with b's GPU-0 rail, across the rail-optimized leaf switches).
+    nodes = {
+        "a": hgx(
+            rail_gpu={"mlx5_0:1": 1, "mlx5_1:1": 0}, settings={"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}
+        ),
+        "b": hgx(
+            rail_gpu={"mlx5_0:1": 0, "mlx5_1:1": 1}, settings={"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}
+        ),
+    }
+    ((client, server, rails),) = pipeline._rail_pairs(state, nodes)
+    assert (client.name, server.name) == ("a", "b")
+    assert [(m.device, t.device) for m, t in rails] == [("mlx5_1", "mlx5_0"), ("mlx5_0", "mlx5_1")]
+    argv = pipeline._perftest(
+        rails[1][0], 18515, None, pipeline._cuda_gpu(nodes["a"], rails[1][0], True)
+    )
+    assert "--use_cuda=1" in argv
+    assert pipeline._cuda_gpu(nodes["a"], rails[1][0], False) is None
+    assert "--use_cuda_dmabuf" not in argv
+    dmabuf = hgx()
+    dmabuf.gdr = fabric.GdrFacts(peermem=False, dmabuf=True)
+    assert pipeline._dmabuf_only(dmabuf) and not pipeline._dmabuf_only(nodes["a"])
+    assert pipeline._perftest(rails[0][0], 18515, None, 0, True)[-2:] == [
+        "--use_cuda=0",
+        "--use_cuda_dmabuf",
+    ]
