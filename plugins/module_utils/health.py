@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from .net import port_counters, rdma_ports
 from .node import Run, read_under
 
 JOURNAL_ARGV = ["journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager", "-q"]
@@ -138,39 +139,16 @@ class IbPort:
         return f"{self.device}/{self.port}"
 
 
-def _word(text: str | None) -> str:
-    value = (text or "").strip()
-    return value.partition(":")[2].strip() if ":" in value else value
-
-
 def ib_ports(root: str) -> list[IbPort]:
-    """Each RDMA port with its state and the error counters of IB_ERROR_COUNTERS it has."""
-    base = os.path.join(root, RDMA_CLASS.lstrip("/"))
-    try:
-        devices = sorted(os.listdir(base))
-    except OSError:
-        return []
-    found = []
-    for device in devices:
-        try:
-            ports = sorted(os.listdir(os.path.join(base, device, "ports")))
-        except OSError:
-            continue
-        for port in ports:
-            where = f"{RDMA_CLASS}/{device}/ports/{port}"
-            counters = {}
-            for name in IB_ERROR_COUNTERS:
-                text = read_under(root, f"{where}/counters/{name}")
-                if text is not None and text.strip().isdigit():
-                    counters[name] = int(text.strip())
-            found.append(
-                IbPort(
-                    device,
-                    port,
-                    _word(read_under(root, f"{where}/state")),
-                    _word(read_under(root, f"{where}/phys_state")),
-                    (read_under(root, f"{where}/link_layer") or "").strip(),
-                    counters,
-                )
-            )
-    return found
+    """Each RDMA port (net.rdma_ports) with the error counters of IB_ERROR_COUNTERS it has."""
+    return [
+        IbPort(
+            p.device,
+            p.port,
+            p.state,
+            p.phys_state,
+            p.link_layer,
+            port_counters(root, p.device, p.port, IB_ERROR_COUNTERS),
+        )
+        for p in rdma_ports(root)
+    ]

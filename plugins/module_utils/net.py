@@ -239,10 +239,12 @@ def rails(ports: list[Port], spec: HcaSpec | None) -> list[Port]:
     return [p for p in rdma if spec is None or spec.selects(p.device, p.port)]
 
 
-def port_counters(root: str, device: str, port: str | int) -> dict[str, int]:
-    """The error counters of one port (missing or unreadable ones are left out)."""
+def port_counters(
+    root: str, device: str, port: str | int, names: tuple[str, ...] = ERROR_COUNTERS
+) -> dict[str, int]:
+    """The counters ``names`` of one port (missing or unreadable ones are left out)."""
     found = {}
-    for name in ERROR_COUNTERS:
+    for name in names:
         text = _field(root, f"{RDMA_CLASS}/{device}/ports/{port}/counters/{name}")
         if text.isdigit():
             found[name] = int(text)
