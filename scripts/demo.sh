@@ -2,10 +2,21 @@
 # The main job on the embedded default: a 3-node local lab, site.yml on it (whose last stage
 # validates the cluster), and the outcome. Re-running reuses the lab and the caches.
 #   GPUENV_DEMO_NODES=3 GPUENV_DEMO_DISTRO=trixie scripts/demo.sh
+#   GPUENV_MIRROR=tuna scripts/demo.sh     (a mirror preset: official, tuna, ustc, aliyun)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nodes=${GPUENV_DEMO_NODES:-3}
 distro=${GPUENV_DEMO_DISTRO:-bookworm}
+# The mirror preset (the sources floor's table): checked before anything runs; pip on this
+# machine takes its index from it, and `gpuenv lab up` reads GPUENV_MIRROR itself (debootstrap,
+# then the roles' apt and pip through gpuenv_sources_preset in the lab's inventory).
+if [ -n "${GPUENV_MIRROR:-}" ]; then
+  pip_index=$(python3 scripts/mirror.py "$GPUENV_MIRROR" pip) || exit 2
+  if [ "$GPUENV_MIRROR" != official ]; then
+    export PIP_INDEX_URL="$pip_index"
+    echo "demo: mirror preset $GPUENV_MIRROR (pip index $PIP_INDEX_URL)"
+  fi
+fi
 
 scripts/host-prereqs.sh
 scripts/venv.sh

@@ -35,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"node image to build ({', '.join(settings.DISTROS)}); repeatable; default: all",
     )
     _add_ca_bundle(build)
+    _add_mirror(build)
     build.set_defaults(func=_build)
 
     up = sub.add_parser("up", help="start a lab of N nodes and write its Ansible inventory")
@@ -47,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_name(up)
     _add_ca_bundle(up)
+    _add_mirror(up)
+    up.add_argument(
+        "--net-admin",
+        action="store_true",
+        help="give the nodes CAP_NET_ADMIN (tc: the net_qos role and its benchmark)",
+    )
     up.set_defaults(func=_up)
 
     down = sub.add_parser("down", help="remove a lab's nodes, network and inventory")
@@ -95,6 +102,16 @@ def _add_ca_bundle(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_mirror(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mirror",
+        metavar="PRESET",
+        help="mirror preset for debootstrap, apt and pip on the nodes"
+        f" ({', '.join(sorted(settings.MIRROR_PRESETS))}; default: ${settings.MIRROR_ENV},"
+        f" else {settings.DEFAULT_MIRROR})",
+    )
+
+
 def _steps() -> Steps:
     from gpuenv.report.live import Steps
 
@@ -105,11 +122,20 @@ def _build(args: argparse.Namespace) -> int:
     from gpuenv.lab import build
 
     distros = [settings.validate_distro(d) for d in (args.distro or settings.DISTROS)]
+    mirror = settings.validate_mirror(args.mirror)
     if not args.ca_bundle.is_file():
         raise BadInput(f"--ca-bundle {args.ca_bundle}: no such file")
     names, client = _names_and_client()
     with _steps() as progress:
-        states = build.build(client, names, Path.cwd(), distros, args.ca_bundle, progress)
+        states = build.build(
+            client,
+            names,
+            Path.cwd(),
+            distros,
+            args.ca_bundle,
+            progress,
+            settings.debian_mirror(mirror),
+        )
     for state in states:
         print(f"{state.tag}  recipe {state.digest}  {'built' if state.built else 'up to date'}")
     print(f"cache {names.cache_container} on network {names.molecule_network} as apt-cache")
@@ -130,12 +156,24 @@ def _up(args: argparse.Namespace) -> int:
     nodes = settings.validate_nodes(args.nodes)
     distro = settings.validate_distro(args.distro)
     lab = settings.validate_name(args.name)
+    mirror = settings.validate_mirror(args.mirror)
     if not args.ca_bundle.is_file():
         raise BadInput(f"--ca-bundle {args.ca_bundle}: no such file")
     names, client = _names_and_client()
     started = time.monotonic()
     with _steps() as progress:
-        inv = cluster.up(client, names, Path.cwd(), lab, nodes, distro, args.ca_bundle, progress)
+        inv = cluster.up(
+            client,
+            names,
+            Path.cwd(),
+            lab,
+            nodes,
+            distro,
+            args.ca_bundle,
+            progress,
+            mirror=mirror,
+            net_admin=args.net_admin,
+        )
     paths = settings.LabPaths(Path.cwd(), lab)
     for node in inv.nodes:
         print(f"{node.name}  {node.ip}  {distro}")

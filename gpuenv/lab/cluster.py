@@ -19,12 +19,14 @@ from gpuenv.lab import cache, images, inventory, keys, lock
 from gpuenv.lab.inventory import LabInventory, NodeEntry
 from gpuenv.lab.recipe import ADMIN_UID, ADMIN_USER
 from gpuenv.lab.settings import (
+    DEFAULT_MIRROR,
     LABEL_DISTRO,
     LABEL_LAB,
     LABEL_NODE,
     LABEL_OWNER,
     LabPaths,
     Names,
+    debian_mirror,
     node_name,
     resolve_node,
 )
@@ -44,6 +46,12 @@ SYSTEMD_RUN_OPTIONS: dict[str, object] = {
     "volumes": {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
     "tmpfs": {"/run": "", "/run/lock": ""},
 }
+
+
+def run_options(*, net_admin: bool = False) -> dict[str, object]:
+    """docker create's options for a node: systemd as PID 1, plus NET_ADMIN when asked (tc)."""
+    caps = ["SYS_ADMIN", "NET_ADMIN"] if net_admin else ["SYS_ADMIN"]
+    return {**SYSTEMD_RUN_OPTIONS, "cap_add": caps}
 
 
 @dataclass
@@ -190,12 +198,21 @@ def up(
     distro: str,
     ca_bundle: Path,
     progress: Progress,
+    mirror: str = DEFAULT_MIRROR,
+    net_admin: bool = False,
 ) -> LabInventory:
-    """Create and boot a lab; on any failure, remove what this call created."""
+    """Create and boot a lab; on any failure, remove what this call created.
+
+    ``mirror`` is a sources preset: the images are debootstrapped from its Debian mirror and the
+    inventory hands it to the roles. ``net_admin`` adds CAP_NET_ADMIN to the nodes (tc, the
+    net_qos role); without it they have CAP_SYS_ADMIN only, as molecule's platforms do.
+    """
     check_free(client, names, lab)
     paths = LabPaths(root, lab)
     with lock.exclusive(root, names, progress):
-        images.ensure_images(client, names, root, [distro], ca_bundle, progress)
+        images.ensure_images(
+            client, names, root, [distro], ca_bundle, progress, debian_mirror(mirror)
+        )
         cache.ensure_cache(client, names, root, progress)
     net = network_name(lab)
     labels = {LABEL_OWNER: names.prefix, LABEL_LAB: lab}
@@ -214,12 +231,12 @@ def up(
                 detach=True,
                 network=net,
                 labels={**labels, LABEL_NODE: str(i), LABEL_DISTRO: distro},
-                **SYSTEMD_RUN_OPTIONS,
+                **run_options(net_admin=net_admin),
             )
             created.append(container)
             container.put_archive(f"/home/{ADMIN_USER}/.ssh", archive)
         entries = _boot_all(created, net, progress)
-        inv = LabInventory(lab, distro, entries)
+        inv = LabInventory(lab, distro, entries, mirror=mirror, net_admin=net_admin)
         inventory.clear_facts(paths, [e.name for e in entries])
         close_control_masters([e.ip for e in entries])
         inventory.write(inv, paths)

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 from gpuenv import proc
 from gpuenv.errors import EnvironmentProblem
 from gpuenv.lab import recipe
-from gpuenv.lab.settings import CACHE_DISTRO, LABEL_OWNER, LABEL_RECIPE, Names, cache_dir
+from gpuenv.lab.settings import (
+    CACHE_DISTRO,
+    LABEL_OWNER,
+    LABEL_RECIPE,
+    MIRROR,
+    Names,
+    cache_dir,
+)
 from gpuenv.progress import Progress
 
 if TYPE_CHECKING:
@@ -114,9 +121,14 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def ensure_base(
-    client: docker.DockerClient, names: Names, root: Path, distro: str, progress: Progress
+    client: docker.DockerClient,
+    names: Names,
+    root: Path,
+    distro: str,
+    progress: Progress,
+    mirror: str = MIRROR,
 ) -> ImageState:
-    base = recipe.base_recipe(distro)
+    base = recipe.base_recipe(distro, mirror=mirror)
     tag = names.base_image(distro)
     digest = base.digest()
     if _current_digest(client, tag) == digest:
@@ -206,19 +218,25 @@ def ensure_images(
     distros: list[str],
     ca_bundle: Path,
     progress: Progress,
+    mirror: str = MIRROR,
 ) -> list[ImageState]:
-    """Node images for ``distros`` and the cache image, built only where the recipe changed."""
+    """Node images for ``distros`` and the cache image, built only where the recipe changed;
+    the bases are debootstrapped from ``mirror`` (a Debian archive root)."""
     certs = recipe.read_ca_bundle(ca_bundle)
     bases = sorted({*distros, CACHE_DISTRO}, key=lambda d: (d != CACHE_DISTRO, d))
     # debootstrap is mostly waiting on the network: both distros at once is faster.
     with ThreadPoolExecutor(max_workers=len(bases)) as pool:
-        futures = [pool.submit(ensure_base, client, names, root, d, progress) for d in bases]
+        futures = [
+            pool.submit(ensure_base, client, names, root, d, progress, mirror) for d in bases
+        ]
         states = [f.result() for f in futures]
     for distro in distros:
-        layer = recipe.node_recipe(names.base_image(distro), recipe.base_recipe(distro), certs)
+        layer = recipe.node_recipe(
+            names.base_image(distro), recipe.base_recipe(distro, mirror=mirror), certs
+        )
         states.append(ensure_layer(client, names, names.node_image(distro), layer, progress))
     cache_layer = recipe.cache_recipe(
-        names.base_image(CACHE_DISTRO), recipe.base_recipe(CACHE_DISTRO)
+        names.base_image(CACHE_DISTRO), recipe.base_recipe(CACHE_DISTRO, mirror=mirror)
     )
     states.append(ensure_layer(client, names, names.cache_image, cache_layer, progress))
     return states

@@ -10,7 +10,14 @@ import yaml
 
 from gpuenv.errors import EnvironmentProblem
 from gpuenv.lab.recipe import ADMIN_USER
-from gpuenv.lab.settings import APT_PROXY_URL, DISTRO_PINS, PINS_DIR, WHEELHOUSE_URL, LabPaths
+from gpuenv.lab.settings import (
+    APT_PROXY_URL,
+    DEFAULT_MIRROR,
+    DISTRO_PINS,
+    PINS_DIR,
+    WHEELHOUSE_URL,
+    LabPaths,
+)
 
 GROUP = "gpu_nodes"
 
@@ -27,6 +34,8 @@ class LabInventory:
     lab: str
     distro: str
     nodes: list[NodeEntry]
+    mirror: str = DEFAULT_MIRROR  # a sources preset (gpuenv_sources_preset)
+    net_admin: bool = False  # the nodes have CAP_NET_ADMIN (tc works)
 
     def node(self, name: str) -> NodeEntry | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -57,6 +66,8 @@ def render_hosts(inv: LabInventory, paths: LabPaths) -> str:
                 # validate them as CPU-only nodes, and say so in the verdict.
                 "gpuenv_expect_gpus": 0,
                 "validate_profile": "cpu",
+                "gpuenv_lab_net_admin": inv.net_admin,
+                **({"gpuenv_sources_preset": inv.mirror} if inv.mirror != DEFAULT_MIRROR else {}),
             },
         }
     }
@@ -118,6 +129,8 @@ def load(paths: LabPaths) -> LabInventory | None:
         str(variables.get("gpuenv_lab_name", paths.name)),
         str(variables.get("gpuenv_lab_distro", "")),
         nodes,
+        mirror=str(variables.get("gpuenv_sources_preset", DEFAULT_MIRROR)),
+        net_admin=bool(variables.get("gpuenv_lab_net_admin", False)),
     )
 
 

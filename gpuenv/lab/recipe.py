@@ -144,8 +144,10 @@ def read_ca_bundle(path: Path) -> list[bytes]:
     return split_ca_bundle(data, str(path))
 
 
-def base_recipe(distro: str, *, cache: bool = False) -> BaseRecipe:
-    return BaseRecipe(distro, NODE_PACKAGES)
+def base_recipe(distro: str, *, cache: bool = False, mirror: str = MIRROR) -> BaseRecipe:
+    """The base of ``distro``, debootstrapped from ``mirror`` (a Debian archive root). The
+    mirror is part of the recipe: the image's apt sources name it."""
+    return BaseRecipe(distro, NODE_PACKAGES, mirror)
 
 
 _APT_PROXY_DETECT = f"""#!/bin/bash

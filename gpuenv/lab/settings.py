@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuenv.errors import BadInput
+from gpuenv.floor import sources
 
 DISTROS = ("trixie", "bookworm")
 # The GPU stack each lab distro converges with: the project's pins file, copied into the lab's
@@ -20,7 +21,13 @@ CACHE_DISTRO = "trixie"
 DEFAULT_LAB = "gpuenv"
 MAX_NODES = 32
 DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-MIRROR = "http://deb.debian.org/debian"
+# The mirror presets are the sources floor's (plugins/module_utils/sources.py, one table): the lab
+# debootstraps from the chosen preset's Debian mirror and hands the preset to the roles
+# (gpuenv_sources_preset), which point apt and pip at it. `--mirror` beats the environment.
+MIRROR_ENV = "GPUENV_MIRROR"
+DEFAULT_MIRROR = sources.DEFAULT_PRESET
+MIRROR_PRESETS = tuple(sources.PRESETS)
+MIRROR = str(sources.PRESETS[DEFAULT_MIRROR]["debian"]["mirror"])
 
 APT_PROXY_URL = "http://apt-cache:3142"
 WHEELHOUSE_URL = "http://apt-cache:8080/"
@@ -156,6 +163,23 @@ def validate_distro(distro: str) -> str:
     if distro not in DISTROS:
         raise BadInput(f"unknown distro {distro!r}: choose one of {', '.join(DISTROS)}")
     return distro
+
+
+def validate_mirror(name: str | None) -> str:
+    """The mirror preset to use: ``name`` (the option) or $GPUENV_MIRROR, else the default."""
+    chosen = name if name is not None else os.environ.get(MIRROR_ENV) or DEFAULT_MIRROR
+    if chosen not in sources.PRESETS:
+        origin = "--mirror" if name is not None else MIRROR_ENV
+        raise BadInput(
+            f"{origin}={chosen!r} is not a known mirror preset;"
+            f" valid: {', '.join(sorted(sources.PRESETS))}"
+        )
+    return chosen
+
+
+def debian_mirror(preset: str) -> str:
+    """The Debian archive root of a mirror preset (debootstrap's MIRROR argument)."""
+    return str(sources.PRESETS[preset]["debian"]["mirror"])
 
 
 def node_name(lab: str, index: int) -> str:

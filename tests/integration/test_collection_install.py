@@ -138,7 +138,9 @@ def test_tarball_holds_the_collection_and_nothing_else(installed: Installed) -> 
     # Nothing of the Python package: the shared tables live in plugins/module_utils.
     assert "gpuenv" not in tops
     assert "plugins/module_utils/sources.py" in names
-    assert installed.tarball.stat().st_size < 200_000
+    # 206 KB with the net_qos role (docs/collection.md): the bound catches a stray folder (a venv,
+    # a cache, the package), which would add megabytes, not the next role's few kilobytes.
+    assert installed.tarball.stat().st_size < 230_000
 
 
 def test_declared_collections_install_offline_from_the_ansible_package(installed: Installed):

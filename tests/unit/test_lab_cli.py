@@ -64,3 +64,41 @@ def test_ssh_to_a_lab_that_is_not_up_is_bad_input(monkeypatch, tmp_path, capsys)
     monkeypatch.chdir(tmp_path)
     assert main(["lab", "ssh", "node1"]) == 2
     assert "is lab 'gpuenv' up?" in capsys.readouterr().err
+
+
+def test_unknown_mirror_preset_exits_2_naming_it(connect, capsys, monkeypatch):
+    monkeypatch.delenv("GPUENV_MIRROR", raising=False)
+    assert main(["lab", "up", "--nodes", "2", "--mirror", "tsinghua"]) == 2
+    err = capsys.readouterr().err
+    assert "--mirror='tsinghua' is not a known mirror preset" in err
+    assert "valid: aliyun, official, tuna, ustc" in err
+    monkeypatch.setenv("GPUENV_MIRROR", "nosuch")
+    assert main(["lab", "build"]) == 2
+    assert "GPUENV_MIRROR='nosuch' is not a known mirror preset" in capsys.readouterr().err
+    connect.assert_not_called()
+
+
+def test_mirror_preset_reaches_debootstrap_and_the_inventory(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from gpuenv.lab import cluster
+
+    seen = {}
+
+    def fake_up(client, names, root, lab, nodes, distro, ca, progress, **kw):
+        seen.update(kw)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(docker_client, "connect", lambda: object())
+    monkeypatch.setattr(cluster, "up", fake_up)
+    monkeypatch.setenv("GPUENV_MIRROR", "ustc")
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    with pytest.raises(SystemExit):
+        main(["lab", "up", "--nodes", "1", "--ca-bundle", str(ca), "--net-admin"])
+    assert seen == {"mirror": "ustc", "net_admin": True}
+    # The option beats the environment.
+    with pytest.raises(SystemExit):
+        main(["lab", "up", "--nodes", "1", "--ca-bundle", str(ca), "--mirror", "tuna"])
+    assert seen == {"mirror": "tuna", "net_admin": False}
+    assert Path(ca).exists()

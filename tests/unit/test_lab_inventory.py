@@ -104,3 +104,19 @@ def test_lab_inventory_carries_its_distros_pins(tmp_path):
         assert f"from inventory/pins/{pins}" in written.read_text()
         inventory.remove(paths)
         assert not paths.inventory_dir.exists()
+
+
+def test_mirror_preset_and_net_admin_go_to_the_roles_and_load_back(tmp_path):
+    paths = LabPaths(tmp_path, "qos")
+    inv = _inv()
+    inv.mirror, inv.net_admin = "tuna", True
+    inventory.write(inv, paths)
+    variables = yaml.safe_load(paths.hosts_file.read_text())["all"]["vars"]
+    assert variables["gpuenv_sources_preset"] == "tuna"
+    assert variables["gpuenv_lab_net_admin"] is True
+    assert inventory.load(paths) == inv
+    # The default preset leaves the roles' own default (and a user's group_vars) in force.
+    inventory.write(_inv(), paths)
+    variables = yaml.safe_load(paths.hosts_file.read_text())["all"]["vars"]
+    assert "gpuenv_sources_preset" not in variables
+    assert variables["gpuenv_lab_net_admin"] is False

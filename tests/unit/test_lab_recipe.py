@@ -4,7 +4,7 @@ import tarfile
 import pytest
 
 from gpuenv.errors import BadInput
-from gpuenv.lab import recipe
+from gpuenv.lab import recipe, settings
 
 CERT_A = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
 CERT_B = b"-----BEGIN CERTIFICATE-----\r\nBBBB\r\n-----END CERTIFICATE-----\r\n"
@@ -86,3 +86,39 @@ def test_cache_image_installs_apt_cacher_ng_and_serves_wheels():
     entry = layer.files[0].content.decode()
     assert "http.server 8080" in entry
     assert "/srv/wheels" in entry
+
+
+def test_base_is_debootstrapped_from_the_presets_debian_mirror(tmp_path):
+    tuna = settings.debian_mirror("tuna")
+    assert tuna == "https://mirrors.tuna.tsinghua.edu.cn/debian"
+    base = recipe.base_recipe("bookworm", mirror=tuna)
+    assert base.debootstrap_argv(tmp_path)[-1] == tuna
+    # A different mirror is a different image: its apt sources name the mirror.
+    assert base.digest() != recipe.base_recipe("bookworm").digest()
+    assert recipe.base_recipe("bookworm").mirror == "http://deb.debian.org/debian"
+
+
+def test_demo_script_refuses_an_unknown_preset_before_anything_runs():
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        ["bash", str(root / "scripts/demo.sh")],
+        env={"PATH": "/usr/bin:/bin", "GPUENV_MIRROR": "tsinghua"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "GPUENV_MIRROR='tsinghua' is not a known mirror preset" in out.stderr
+    assert "venv" not in out.stdout
+    ok = subprocess.run(
+        ["python3", str(root / "scripts/mirror.py"), "aliyun", "pip"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert ok.stdout.strip() == "https://mirrors.aliyun.com/pypi/simple/"
