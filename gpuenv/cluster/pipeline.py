@@ -49,6 +49,7 @@ from gpuenv.cluster.defaults import (
 )
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
+from gpuenv.floor import login_env
 from gpuenv.progress import Progress, Silent
 from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunReport, Status
 
@@ -133,7 +134,7 @@ def probe_stage(state: State) -> None:
     opts = state.opts
     outcomes = state.fan_out(
         state.hosts,
-        lambda h: launch.as_user(h, shlex.join([h.python, "-m", "gpuenv.cluster.probe", "facts"])),
+        lambda h: shlex.join([h.python, "-m", "gpuenv.cluster.probe", "facts"]),
         "probe",
         deadline_s=opts.probe_deadline_s,
     )
@@ -158,7 +159,7 @@ def check_stage(state: State) -> None:
         argv = [h.python, "-m", "gpuenv", "check", "--json", "-", "--node", h.name]
         if h.expect_gpus is not None:
             argv += ["--expect-gpus", str(h.expect_gpus)]
-        return launch.as_user(h, shlex.join([*argv, *state.opts.check_args]))
+        return shlex.join([*argv, *state.opts.check_args])
 
     outcomes = state.fan_out(state.alive, command, "gpuenv check")
     for name, out in outcomes.items():
@@ -172,6 +173,20 @@ def check_stage(state: State) -> None:
             continue
         state.report.node_reports[name] = report
         state.report.results.extend(report.results)
+        _name_login_settings(report, state.probes.get(name, {}))
+
+
+def _name_login_settings(report: RunReport, probe: Mapping[str, Any]) -> None:
+    """A node's failed checks name the job variables its login files set (LD_LIBRARY_PATH in
+    /etc/profile.d/zz-site.sh, CUDA_VISIBLE_DEVICES in /etc/environment): the commands ran in
+    the user's SSH login, so a setting there is the likeliest cause the user can mend."""
+    found = probe.get("login_env") or {}
+    if not isinstance(found, Mapping) or not found:
+        return
+    note = f" [login environment: {login_env.describe(found)}]"
+    for result in report.results:
+        if result.status in (Status.FAIL, Status.ERROR):
+            result.reason += note
 
 
 def consistency_stage(state: State) -> None:

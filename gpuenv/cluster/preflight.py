@@ -15,7 +15,6 @@ from typing import Any
 
 from gpuenv.cluster.fanout import GRACE_S, NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
-from gpuenv.cluster.launch import as_user
 from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
 
 IFACE_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -54,7 +53,7 @@ def iface_problems(host: Host, probe: Mapping[str, Any]) -> list[str]:
 
 
 def _probe(host: Host, *words: str) -> str:
-    return as_user(host, shlex.join([host.python, "-m", "gpuenv.cluster.probe", *words]))
+    return shlex.join([host.python, "-m", "gpuenv.cluster.probe", *words])
 
 
 def port_reachability(

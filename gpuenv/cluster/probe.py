@@ -20,7 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from gpuenv import proc
-from gpuenv.floor import net
+from gpuenv.floor import login_env, net
 from gpuenv.floor.node import package_versions
 
 # Distributions whose versions must agree across nodes (the Python stack of the jobs).
@@ -146,6 +146,9 @@ def facts() -> dict[str, Any]:
         "interfaces": interfaces,
         "links": links(),
         "facts": compared,
+        # The job variables this login got from a login file that is not gpuenv's: a node whose
+        # checks fail names them (pipeline.check_stage).
+        "login_env": login_env.job_variables("/", os.path.expanduser("~"), os.environ),
     }
 
 

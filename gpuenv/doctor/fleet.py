@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
@@ -64,8 +64,10 @@ def diagnose(
     become: bool = False,
     progress: Progress | None = None,
 ) -> Fleet:
+    # The doctor reads the node as the connection's user (root with --become), not in the
+    # cluster user's login that the validation's commands get.
     outcomes = fan_out(
-        hosts,
+        [replace(h, become_user=None) for h in hosts],
         lambda h: node_command(h, only, become),
         deadline_s,
         label="doctor",

@@ -58,11 +58,25 @@ def test_an_unreachable_ssh_node_is_named_quickly(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
-    host = Host("down", "127.0.0.1", "127.0.0.1", port=port, user="x", known_hosts=(str(kh),))
+    host = Host(
+        "down",
+        "127.0.0.1",
+        "127.0.0.1",
+        port=port,
+        user="x",
+        known_hosts=(str(kh),),
+        ssh_args=_isolated(kh),
+    )
     start = time.monotonic()
     out = fan_out([host], lambda h: "true", 5)["down"]
     assert out.rc is None and "unreachable at 127.0.0.1" in out.why()
     assert time.monotonic() - start < 5
+
+
+def _isolated(known_hosts):
+    """ssh args that read no user configuration and only this known_hosts file."""
+    return ("-F", "/dev/null", "-o", f"UserKnownHostsFile={known_hosts}",
+            "-o", "GlobalKnownHostsFile=/dev/null")  # fmt: skip
 
 
 class _Server(paramiko.ServerInterface):
@@ -110,7 +124,15 @@ def test_unknown_host_key_is_refused(tmp_path, ssh_server):
     port, _ = ssh_server
     kh = tmp_path / "known_hosts"
     kh.write_text("")
-    host = Host("n1", "127.0.0.1", "127.0.0.1", port=port, user="u", known_hosts=(str(kh),))
+    host = Host(
+        "n1",
+        "127.0.0.1",
+        "127.0.0.1",
+        port=port,
+        user="u",
+        known_hosts=(str(kh),),
+        ssh_args=_isolated(kh),
+    )
     out = fan_out([host], lambda h: "true", 10)["n1"]
     assert out.rc is None
     assert "is not in" in out.why() and "refused" in out.why()
@@ -122,7 +144,15 @@ def test_changed_host_key_is_refused(tmp_path, ssh_server):
     other = paramiko.ECDSAKey.generate()
     kh = tmp_path / "known_hosts"
     kh.write_text(f"[127.0.0.1]:{port} {other.get_name()} {other.get_base64()}\n")
-    host = Host("n1", "127.0.0.1", "127.0.0.1", port=port, user="u", known_hosts=(str(kh),))
+    host = Host(
+        "n1",
+        "127.0.0.1",
+        "127.0.0.1",
+        port=port,
+        user="u",
+        known_hosts=(str(kh),),
+        ssh_args=_isolated(kh),
+    )
     out = fan_out([host], lambda h: "true", 10)["n1"]
     assert out.rc is None and "CHANGED" in out.why()
 
