@@ -1,10 +1,10 @@
 """`gpuenv doctor -i`: run the node diagnosis on every inventory node at once, then compare.
 
 Each node runs ``<its python> -m gpuenv doctor --json - --node NAME --address ADDR`` over the
-transport ``gpuenv cluster`` uses (fabric with verified host keys, or local process groups),
-under one deadline. Its JSON report carries every class's findings and facts; the controller
-rebuilds the readings, runs the cross-node comparison (classes 7 and 9) and returns one
-Result per class and node, plus an ERROR per node that gave no report.
+transport ``gpuenv cluster`` uses (the OpenSSH client as Ansible calls it, host keys verified,
+or local process groups), under one deadline. Its JSON report carries every class's findings
+and facts; the controller rebuilds the readings, runs the cross-node comparison (classes 7 and
+9) and returns one Result per class and node, plus an ERROR per node that gave no report.
 """
 
 from __future__ import annotations
