@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from gpuenv import proc
+from gpuenv import proc, tools
 from gpuenv.errors import BadInput, GpuenvError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,8 +177,8 @@ def ask_ansible(
         "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
         "ANSIBLE_NOCOLOR": "1",
     }
-    playbook = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent))
-    argv = [playbook or "ansible-playbook", "-i", "localhost,", str(root / PLAYBOOK)]
+    playbook = tools.find("ansible-playbook") or "ansible-playbook"
+    argv = [playbook, "-i", "localhost,", str(root / PLAYBOOK)]
     argv += ["-e", f"@{pins}", "-e", json.dumps(extra)]
     with tempfile.TemporaryDirectory(prefix="gpuenv-bundle-plan-") as work:
         log = Path(work) / "ansible.json"

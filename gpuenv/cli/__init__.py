@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module here and exposes ``register(subparsers)``.
 Handlers import the heavy libraries they need lazily, so that ``gpuenv check`` on a
-node never imports the controller's dependencies (docker SDK, fabric, matplotlib).
+node never imports the controller's dependencies (docker SDK, matplotlib).
 """
 
 from __future__ import annotations

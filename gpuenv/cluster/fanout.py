@@ -1,8 +1,10 @@
 """Run one command on many nodes at once, each under a deadline, and gather what they print.
 
-SSH hosts go through fabric with the inventory's connection settings; host keys are checked
-against the inventory's known_hosts with paramiko's RejectPolicy (an unknown or changed key is
-refused, never added). Hosts with ``ansible_connection=local`` (several "nodes" emulated on one
+SSH hosts go through the OpenSSH client with the argument list Ansible builds from the same
+inventory (``ssh_argv``): ProxyJump, ProxyCommand, ``-o`` options and the user's ``~/.ssh/config``
+reach the nodes as they do for Ansible. Host keys are always checked (``StrictHostKeyChecking=yes``
+comes first, and OpenSSH takes an option's first value): an unknown or changed key is refused,
+never added. Hosts with ``ansible_connection=local`` (several "nodes" emulated on one
 machine) run as local process groups. Either way the command is the same string and its
 result the same ``NodeAnswer``, so everything above this module has one code path.
 
@@ -46,6 +48,10 @@ FDS_PER_NODE = 8
 FD_RESERVE = 64
 # How often the controller looks for nodes past their deadline.
 WAIT_POLL_S = 0.2
+# The OpenSSH client's exit status when the connection (not the command) failed.
+SSH_FAILED = 255
+# ConnectTimeout of the cluster user's SSH login to its own node (the loop of remote_command).
+CONNECT_TIMEOUT_S = 10
 
 
 @dataclass
@@ -93,8 +99,9 @@ def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     return shlex.join([*prefix, *argv])
 
 
-class _Local:
-    """A local process session (gpuenv.proc): the emulated node of a one-machine 'cluster'."""
+class _Session:
+    """One command as a local process session (gpuenv.proc), output to files; ``close`` kills
+    the session's process group (the ssh client and any ProxyJump/ProxyCommand child too)."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
@@ -102,29 +109,30 @@ class _Local:
         self._lock = threading.Lock()
         self._stopped = False  # set by close(): a command not started yet never starts
 
-    def run(self, command: str, deadline_s: float) -> NodeAnswer:
-        start = time.monotonic()
-        env = {**os.environ, **self.host.env}
-        if self.host.problem:
-            return NodeAnswer(self.host.name, None, error=self.host.problem)
+    def hold(self) -> None:
+        """A command not started yet never starts; one running is left to end by itself."""
+        with self._lock:
+            self._stopped = True
+
+    def _start_and_wait(
+        self, argv: list[str], env: Mapping[str, str] | None, wait_s: float
+    ) -> tuple[proc.Exit | None, str, str]:
+        """(how it ended, stdout, stderr); None when close() came first."""
         with tempfile.TemporaryDirectory(prefix="gpuenv-node-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             with self._lock:
                 if self._stopped:
-                    return NodeAnswer(self.host.name, None, error="stopped before it started")
-                launch = proc.Launch(["bash", "-c", command], out, env, err_log=err).start()
+                    return None, "", ""
+                launch = proc.Launch(argv, out, dict(env) if env else None, err_log=err).start()
                 self._launch = launch
             try:
-                # Hundreds of emulated nodes end at once: their process groups are enough,
-                # without reading the process table for each.
-                ended = proc.wait(launch, deadline_s, sweep=False)
+                # Hundreds of nodes end at once: their process groups are enough, without
+                # reading the process table for each.
+                ended = proc.wait(launch, wait_s, sweep=False)
             finally:
                 self.close()
-            rc, error = ended.returncode, ""
-            if ended.timed_out:
-                rc, error = None, f"did not finish within {deadline_s:.0f} s; killed"
             stdout, stderr = (p.read_text(encoding="utf-8", errors="replace") for p in (out, err))
-        return NodeAnswer(self.host.name, rc, stdout, stderr, time.monotonic() - start, error)
+        return ended, stdout, stderr
 
     def close(self) -> None:
         """Kill whatever the command left in its session (workers of a launcher too)."""
@@ -135,99 +143,125 @@ class _Local:
             running.kill(KILL_AFTER_S, sweep=False)
 
 
-class _SSH:
-    """A node reached over SSH with fabric, host keys verified against known_hosts."""
-
-    def __init__(self, host: Host) -> None:
-        self.host = host
-        self._conn: Any = None
-        self._lock = threading.Lock()
-        self.stopped = False  # set when another node's failure ends the launch
-
-    def _connect(self, timeout_s: float) -> Any:
-        import paramiko
-        from fabric import Config, Connection
-
-        h = self.host
-        conn = Connection(
-            host=h.address,
-            user=h.user,
-            port=h.port,
-            # An empty SSH config: the inventory alone says how to connect.
-            config=Config(ssh_config=paramiko.SSHConfig()),
-            connect_timeout=max(1, int(timeout_s)),
-            connect_kwargs={
-                "key_filename": [h.key_file] if h.key_file else [],
-                "look_for_keys": h.key_file is None,
-                "allow_agent": h.key_file is None,
-                "banner_timeout": timeout_s,
-                "auth_timeout": timeout_s,
-                "channel_timeout": timeout_s,
-            },
-        )
-        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        for path in h.known_hosts:
-            conn.client.load_host_keys(path)
-        with self._lock:
-            self._conn = conn
-        return conn
+class _Local(_Session):
+    """A local process session: the emulated node of a one-machine 'cluster'."""
 
     def run(self, command: str, deadline_s: float) -> NodeAnswer:
-        import paramiko
-        from invoke.exceptions import CommandTimedOut
+        start = time.monotonic()
+        if self.host.problem:
+            return NodeAnswer(self.host.name, None, error=self.host.problem)
+        env = {**os.environ, **self.host.env}
+        ended, stdout, stderr = self._start_and_wait(["bash", "-c", command], env, deadline_s)
+        if ended is None:
+            return NodeAnswer(self.host.name, None, error="stopped before it started")
+        rc, error = ended.returncode, ""
+        if ended.timed_out:
+            rc, error = None, f"did not finish within {deadline_s:.0f} s; killed"
+        return NodeAnswer(self.host.name, rc, stdout, stderr, time.monotonic() - start, error)
 
+
+def remote_command(host: Host, command: str, deadline_s: float) -> str:
+    """What the node's shell runs: ``command`` in a login shell (``bash -lc``) under coreutils
+    ``timeout``, with the inventory's ``gpuenv_cluster_env``.
+
+    Where the connection's user is not the cluster user, the connection user's sudo starts the
+    cluster user's own SSH login to this node (the SSH mesh's key and known hosts), so the
+    command gets what a user's job gets: sshd's PAM session (``/etc/environment``,
+    ``pam_env.conf``, limits) and the login profile, as mpirun's remote ranks do; never the
+    environment ``sudo`` makes, which skips pam_env. That login runs under its own ``timeout``
+    too: a command whose connection dropped is still killed on the node at its deadline.
+    """
+    seconds = max(1, int(deadline_s))
+    inner = f"{shell_command([], host.env)} {command}" if host.env else command
+    if not host.become_user:
+        return f"timeout -k {KILL_AFTER_S} {seconds} bash -lc {shlex.quote(inner)}"
+    login = f"timeout -k {KILL_AFTER_S} {seconds} bash -lc {shlex.quote('cd && ' + inner)}"
+    loop = [
+        "sudo", "-n", "-u", host.become_user, "-H",
+        "ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+        "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", host.rendezvous_address, login,
+    ]  # fmt: skip
+    return f"timeout -k {KILL_AFTER_S} {seconds + KILL_AFTER_S} {shlex.join(loop)}"
+
+
+def ssh_argv(host: Host, remote: str, connect_timeout_s: float) -> list[str]:
+    """The OpenSSH client's argument list, built as Ansible's ssh connection plugin builds it
+    (ansible.builtin.ssh ``_build_command``): gpuenv's fixed options first (OpenSSH takes the
+    first value of an option, so host keys are always checked and nothing ever prompts), then
+    port, key and user from the inventory, then ``ansible_ssh_common_args`` and
+    ``ansible_ssh_extra_args`` word for word: ``ProxyJump``, ``ProxyCommand``, ``-F``, every
+    ``-o``. The user's ``~/.ssh/config`` is read by ssh itself, as it is for Ansible."""
+    argv = [host.ssh_executable, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    if host.port is not None:
+        argv += ["-o", f"Port={host.port}"]
+    if host.key_file:
+        argv += ["-o", f'IdentityFile="{host.key_file}"']
+    argv += [
+        "-o", "KbdInteractiveAuthentication=no",
+        "-o", "PreferredAuthentications=gssapi-with-mic,gssapi-keyex,hostbased,publickey",
+        "-o", "PasswordAuthentication=no",
+    ]  # fmt: skip
+    if host.user:
+        argv += ["-o", f'User="{host.user}"']
+    argv += ["-o", f"ConnectTimeout={max(1, int(connect_timeout_s))}", *host.ssh_args]
+    return [*argv, host.address, remote]
+
+
+def _ssh_failure(host: Host, stderr: str) -> str:
+    """What an ssh exit status 255 means, from the client's own words."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    text = " ".join(lines)
+    where = f"{host.address}" + (f":{host.port}" if host.port is not None else "")
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
+        return f"host key of {where} CHANGED (not the one in known_hosts): refused"
+    if "Host key verification failed" in text:
+        return (
+            f"host key of {where} is not in {', '.join(host.known_hosts) or 'known_hosts'}: "
+            "refused (gpuenv never adds unknown host keys)"
+        )
+    if "Permission denied" in text:
+        return f"authentication as {host.user or 'the current user'} failed: {lines[-1]}"
+    tail = lines[-1] if lines else "no message"
+    return f"unreachable at {where}: ssh: {tail}"
+
+
+class _SSH(_Session):
+    """A node reached with the OpenSSH client, exactly as Ansible reaches it."""
+
+    def run(self, command: str, deadline_s: float) -> NodeAnswer:
         start = time.monotonic()
         h = self.host
-        # On the node: the whole process group dies at the deadline, whatever the controller does.
-        inner = f"{shell_command([], h.env)} {command}" if h.env else command
-        remote = (
-            f"timeout -k {KILL_AFTER_S} {max(1, int(deadline_s))} bash -lc {shlex.quote(inner)}"
-        )
 
         def failed(error: str) -> NodeAnswer:
             return NodeAnswer(h.name, None, "", "", time.monotonic() - start, error)
 
         if h.problem:
             return failed(h.problem)
-        try:
-            conn = self._connect(min(deadline_s, 20.0))
-            if self.stopped:
-                return NodeAnswer(h.name, None, error="stopped before it started")
-            res = conn.run(remote, hide=True, warn=True, in_stream=False, timeout=deadline_s + 2)
-        except CommandTimedOut:
-            return failed(f"did not finish within {deadline_s:.0f} s")
-        except paramiko.BadHostKeyException as exc:
-            return failed(
-                f"host key of {h.address} CHANGED (not the one in "
-                f"{', '.join(h.known_hosts)}): refused ({exc})"
-            )
-        except paramiko.AuthenticationException as exc:
-            return failed(f"authentication as {h.user or 'the current user'} failed: {exc}")
-        except paramiko.SSHException as exc:
-            msg = str(exc)
-            if "not found in known_hosts" in msg:
-                msg = (
-                    f"host key of {h.address} is not in {', '.join(h.known_hosts)}: "
-                    "refused (gpuenv never adds unknown host keys)"
+        argv = ssh_argv(h, remote_command(h, command, deadline_s), min(deadline_s, 20.0))
+        # The node kills the command at its deadline; the client gets the time to say so.
+        ended, stdout, stderr = self._start_and_wait(argv, None, deadline_s + 2 * KILL_AFTER_S)
+        if ended is None:
+            return failed("stopped before it started")
+        if ended.timed_out:
+            return NodeAnswer(
+                h.name, None, stdout, stderr, time.monotonic() - start,
+                f"did not finish within {deadline_s:.0f} s",
+            )  # fmt: skip
+        rc = ended.returncode
+        if rc == SSH_FAILED and not stdout.strip():
+            error = _ssh_failure(h, stderr)
+            if h.become_user:
+                error += (
+                    f" (the connection as {h.user or 'the current user'}, or the cluster user "
+                    f"{h.become_user}'s SSH login to {h.rendezvous_address} on the node)"
                 )
-            return failed(f"ssh: {msg}")
-        except (OSError, EOFError) as exc:
-            return failed(f"unreachable at {h.address}:{h.port}: {exc or type(exc).__name__}")
-        finally:
-            self.close()
-        rc = res.exited
+            return NodeAnswer(h.name, None, stdout, stderr, time.monotonic() - start, error)
         error = (
             f"did not finish within {deadline_s:.0f} s; killed on the node"
             if rc in (124, 137)
             else ""
         )
-        return NodeAnswer(h.name, rc, res.stdout, res.stderr, time.monotonic() - start, error)
-
-    def close(self) -> None:
-        with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        return NodeAnswer(h.name, rc, stdout, stderr, time.monotonic() - start, error)
 
 
 def ssh_connection(host: Host, timeout_s: float) -> Any:
@@ -250,7 +284,7 @@ def _stop(
         if isinstance(runner, _Local):
             runner.close()
         else:
-            runner.stopped = True
+            runner.hold()
             threading.Thread(target=_stop_remote, args=(h, stop_command(h)), daemon=True).start()
 
 

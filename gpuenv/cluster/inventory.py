@@ -2,7 +2,10 @@
 
 Ansible does the parsing (every inventory format and plugin it knows, group_vars, host_vars,
 ``--limit`` patterns); this module turns its JSON into ``Host`` records with the connection
-settings fabric needs, and refuses bad input before anything is launched.
+settings Ansible's ssh connection uses (``ansible_port``, ``ansible_user``,
+``ansible_ssh_private_key_file``, ``ansible_ssh_common_args``/``ansible_ssh_extra_args`` word for
+word, ``ansible_ssh_executable``), and refuses bad input before anything is launched: an ssh
+argument gpuenv cannot honour is an error naming the host and the variable, never dropped.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import socket
 import stat
 from collections.abc import Mapping, Sequence
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuenv import proc
+from gpuenv import proc, tools
 from gpuenv.errors import BadInput, EnvironmentProblem
 
 # The defaults of roles/ssh_mesh (ssh_mesh_user) and roles/mpi (mpi_hostfile).
@@ -35,10 +37,13 @@ class Host:
     address: str  # what the controller connects to (ansible_host)
     rendezvous_address: str  # what the other nodes use to reach this one
     local: bool = False  # ansible_connection=local: run as local processes, no SSH
-    port: int = 22
+    port: int | None = None  # ansible_port; None: ssh's own (~/.ssh/config, else 22)
     user: str | None = None
     key_file: str | None = None
-    known_hosts: tuple[str, ...] = ()
+    known_hosts: tuple[str, ...] = ()  # where host keys are looked up (for messages)
+    # ansible_ssh_common_args + ansible_ssh_extra_args, word for word (checked by ssh_words).
+    ssh_args: tuple[str, ...] = ()
+    ssh_executable: str = "ssh"  # ansible_ssh_executable
     # The Python the commands run: plain python3 from the login environment, as users run it.
     python: str = "python3"
     env: Mapping[str, str] = field(default_factory=dict)
@@ -54,10 +59,10 @@ class Host:
 def _ansible_inventory(
     inventory: str | Sequence[str], limit: str | None, export: bool = False
 ) -> dict[str, Any]:
-    exe = shutil.which("ansible-inventory")
+    exe = tools.find("ansible-inventory")
     if exe is None:
         raise EnvironmentProblem(
-            "ansible-inventory not found on PATH: "
+            f"ansible-inventory not found in {tools.interpreter_bin()} nor on PATH: "
             "install the controller extra (pip install 'gpuenv[controller]')"
         )
     sources = [inventory] if isinstance(inventory, str) else list(inventory)
@@ -124,26 +129,80 @@ def _hosts_in(data: Mapping[str, Any], group: str, seen: set[str] | None = None)
     return out
 
 
-def _ssh_options(hostvars: Mapping[str, Any]) -> dict[str, str]:
-    """-o Key=Value options from ansible_ssh_common_args / ansible_ssh_extra_args."""
+# ssh(1)'s options: flags without a value, and options that take one (OpenSSH 9).
+_SSH_FLAGS = frozenset("46AaCfGgKkMNnqsTtVvXxYy")
+_SSH_VALUED = frozenset("BbcDEeFIiJLlmOoPpQRSWw")
+# Options that would change what gpuenv's command is or does: refused, naming why.
+_SSH_REFUSED_FLAGS = {
+    "f": "puts ssh in the background",
+    "N": "runs no command",
+    "G": "prints the configuration instead of connecting",
+    "V": "prints the version instead of connecting",
+    "s": "asks for a subsystem instead of a command",
+    "t": "asks for a terminal (the commands run without one)",
+    "M": "makes this a ControlMaster",
+    "W": "forwards stdio instead of running a command",
+    "O": "sends a control command instead of connecting",
+    "Q": "queries algorithms instead of connecting",
+}
+_SSH_REFUSED_OPTIONS = {
+    "stricthostkeychecking": ("no", "off", "accept-new"),
+    "batchmode": ("no",),
+    "requesttty": ("yes", "force"),
+}
+_SSH_REFUSED_ANY = ("remotecommand", "sessiontype", "forkafterauthentication")
+
+
+def ssh_words(name: str, hostvars: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The words of ansible_ssh_common_args and ansible_ssh_extra_args, as Ansible passes them
+    to ssh, and their ``-o`` options by lower-case key (the first value, as ssh takes it).
+    BadInput, naming the host and the variable, for what gpuenv cannot honour."""
     words: list[str] = []
-    for var in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
-        words += shlex.split(str(hostvars.get(var) or ""))
     opts: dict[str, str] = {}
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "-o" and i + 1 < len(words):
-            word, i = words[i + 1], i + 1
-        elif word.startswith("-o"):
-            word = word[2:]
-        else:
+    for var in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        text = str(hostvars.get(var) or "")
+        try:
+            mine = shlex.split(text)
+        except ValueError as exc:
+            raise BadInput(f"host {name}: {var} does not parse as shell words ({exc})") from exc
+
+        def refuse(what: str, why: str, var: str = var) -> BadInput:
+            return BadInput(f"host {name}: {var} has {what}, which gpuenv cannot honour: {why}")
+
+        i = 0
+        while i < len(mine):
+            word = mine[i]
+            if not word.startswith("-") or word == "-":
+                raise refuse(repr(word), "ssh arguments must be options (-o Key=Value, -J host)")
+            letters = word[1:]
+            for j, letter in enumerate(letters):
+                if letter in _SSH_REFUSED_FLAGS:
+                    raise refuse(f"-{letter}", _SSH_REFUSED_FLAGS[letter])
+                if letter in _SSH_FLAGS:
+                    continue
+                if letter not in _SSH_VALUED:
+                    raise refuse(f"-{letter}", "ssh has no such option")
+                value = letters[j + 1 :]
+                if not value:
+                    i += 1
+                    if i >= len(mine):
+                        raise refuse(f"-{letter}", "its value is missing")
+                    value = mine[i]
+                if letter == "o":
+                    key, _, val = value.replace("=", " ", 1).partition(" ")
+                    key, val = key.strip().lower(), val.strip()
+                    if key in _SSH_REFUSED_ANY or val.lower() in _SSH_REFUSED_OPTIONS.get(key, ()):
+                        why = (
+                            "gpuenv verifies host keys: put the node's key in known_hosts instead"
+                            if key == "stricthostkeychecking"
+                            else "gpuenv runs its own command, without a terminal or prompt"
+                        )
+                        raise refuse(f"-o {value}", why)
+                    opts.setdefault(key, val)
+                break
             i += 1
-            continue
-        key, _, value = word.replace("=", " ", 1).partition(" ")
-        opts[key.strip().lower()] = value.strip()
-        i += 1
-    return opts
+        words += mine
+    return words, opts
 
 
 def _resolves(address: str) -> bool:
@@ -155,7 +214,13 @@ def _resolves(address: str) -> bool:
 
 
 def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
-    local = str(hv.get("ansible_connection", "ssh")) == "local"
+    connection = str(hv.get("ansible_connection") or "ssh").removeprefix("ansible.builtin.")
+    if connection not in ("ssh", "smart", "paramiko", "local"):
+        raise BadInput(
+            f"host {name}: ansible_connection {connection!r} is not one gpuenv can use "
+            "(ssh or local)"
+        )
+    local = connection == "local"
     address = str(hv.get("ansible_host") or name)
     env = hv.get("gpuenv_cluster_env") or {}
     if not isinstance(env, Mapping):
@@ -177,13 +242,23 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
             hostfile=hostfile,
             expect_gpus=expect,
         )
-    problem = None if _resolves(address) else f"address {address!r} does not resolve"
+    for var in ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password"):
+        if hv.get(var):
+            raise BadInput(
+                f"host {name}: {var} is set; gpuenv cluster connects with keys only "
+                "(ssh BatchMode): use ansible_ssh_private_key_file or an agent"
+            )
+    words, opts = ssh_words(name, hv)
+    # Through a jump host or a proxy command the address is the jump host's to resolve.
+    proxied = any(k in opts for k in ("proxyjump", "proxycommand")) or any(
+        w.startswith("-J") for w in words
+    )
+    problem = None if proxied or _resolves(address) else f"address {address!r} does not resolve"
+    raw_port = hv.get("ansible_port") or hv.get("ansible_ssh_port")
     try:
-        port = int(hv.get("ansible_port") or hv.get("ansible_ssh_port") or 22)
+        port = None if raw_port is None else int(raw_port)
     except (TypeError, ValueError) as exc:
-        raise BadInput(
-            f"host {name}: ansible_port {hv.get('ansible_port')!r} is not a number"
-        ) from exc
+        raise BadInput(f"host {name}: ansible_port {raw_port!r} is not a number") from exc
     key = hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file")
     key_file = None
     if key:
@@ -196,12 +271,6 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
                 f"host {name}: private key {key_path} is readable by others; chmod 600 it"
             )
         key_file = str(key_path)
-    opts = _ssh_options(hv)
-    if opts.get("stricthostkeychecking", "yes").lower() in ("no", "off", "accept-new"):
-        raise BadInput(
-            f"host {name}: StrictHostKeyChecking={opts['stricthostkeychecking']} in its ssh args; "
-            "gpuenv verifies host keys: put the node's key in known_hosts instead"
-        )
     known: list[str] = []
     for entry in shlex.split(opts.get("userknownhostsfile", "")):
         path = Path(os.path.expanduser(entry))
@@ -215,7 +284,11 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
             for p in (os.path.expanduser("~/.ssh/known_hosts"), "/etc/ssh/ssh_known_hosts")
             if os.path.isfile(p)
         ]
-    if not known:
+    # ssh reads ~/.ssh/config (or -F's file), which may name other known_hosts files.
+    configured = os.path.isfile(os.path.expanduser("~/.ssh/config")) or any(
+        w.startswith("-F") for w in words
+    )
+    if not known and not configured:
         raise BadInput(
             f"host {name}: no known_hosts file (none in ansible_ssh_common_args, "
             "~/.ssh/known_hosts or /etc/ssh/ssh_known_hosts): host keys cannot be verified"
@@ -232,6 +305,8 @@ def _host(name: str, hv: Mapping[str, Any], base: Path) -> Host:
         user=user,
         key_file=key_file,
         known_hosts=tuple(known),
+        ssh_args=tuple(words),
+        ssh_executable=str(hv.get("ansible_ssh_executable") or "ssh"),
         python=python,
         env={str(k): str(v) for k, v in env.items()},
         become_user=None if cluster_user == user else cluster_user,

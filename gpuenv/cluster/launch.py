@@ -1,9 +1,10 @@
 """Command lines for the real launchers, and the parsing of what their ranks report.
 
-Every command runs as the cluster user in a login shell (``as_user``), with the programs a user
-types: ``torchrun`` and ``mpirun``, and ``python3`` (the inventory's ``gpuenv_cluster_python``
-where set). So a node whose login environment does not find the cluster's Python stack fails
-here, as the user's own jobs would, instead of passing because gpuenv called a venv by path.
+Every command runs as the cluster user in an SSH login of that user on the node (the transport,
+``fanout.remote_command``), with the programs a user types: ``torchrun`` and ``mpirun``, and
+``python3`` (the inventory's ``gpuenv_cluster_python`` where set). So a node whose login
+environment does not find the cluster's Python stack fails here, as the user's own jobs would,
+instead of passing because gpuenv called a venv by path.
 
 torchrun with c10d rendezvous starts the ranks on every node; the master node hosts the
 rendezvous store (``is_host`` is set explicitly, so several emulated nodes on one machine cannot
@@ -21,7 +22,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from gpuenv.cluster.fanout import NodeAnswer, shell_command
+from gpuenv.cluster.fanout import NodeAnswer
 from gpuenv.cluster.inventory import Host
 from gpuenv.cluster.worker import MARK
 
@@ -57,20 +58,7 @@ def torchrun(
         f"--steps={steps}",
         f"--timeout={max(10, int(timeout_s))}",
     ]
-    return as_user(host, shlex.join(argv))
-
-
-def as_user(host: Host, command: str) -> str:
-    """``command`` in a login shell of the cluster user (the connection's own user where it is
-    the cluster user, or where the node is emulated on this machine)."""
-    if host.local or not host.become_user:
-        return command
-    # sudo resets the environment: the node's variables (gpuenv_cluster_env) go inside. It keeps
-    # the working folder, which may be the connection user's private home: start in the cluster
-    # user's own, as a login does (Open MPI 5's mpirun dies with SIGSEGV in a folder it cannot
-    # read).
-    inner = f"{shell_command([], host.env)} {command}" if host.env else command
-    return shlex.join(["sudo", "-n", "-u", host.become_user, "-H", "bash", "-lc", f"cd && {inner}"])
+    return shlex.join(argv)
 
 
 def mpirun(master: Host, hosts: Sequence[Host], nbytes: int, iters: int) -> str:
@@ -100,7 +88,7 @@ def mpirun(master: Host, hosts: Sequence[Host], nbytes: int, iters: int) -> str:
             " ".join(shlex.quote(a) if a != "$sel" else '"$sel"' for a in mpirun_argv),
         ]
     )
-    return as_user(master, shlex.join(["bash", "-c", script]))
+    return shlex.join(["bash", "-c", script])
 
 
 def dask(
@@ -126,7 +114,7 @@ def dask(
     ]  # fmt: skip
     if host is master:
         argv.append("--client")
-    return as_user(host, shlex.join(argv))
+    return shlex.join(argv)
 
 
 def stop_dask(rid: str) -> str:

@@ -55,7 +55,7 @@ from gpuenv.cluster.defaults import (
 )
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
-from gpuenv.floor import net
+from gpuenv.floor import login_env, net
 from gpuenv.health import fleet as health
 from gpuenv.progress import Progress, Silent
 from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunReport, Status
@@ -143,7 +143,7 @@ def probe_stage(state: State) -> None:
     opts = state.opts
     outcomes = state.fan_out(
         state.hosts,
-        lambda h: launch.as_user(h, shlex.join([h.python, "-m", "gpuenv.cluster.probe", "facts"])),
+        lambda h: shlex.join([h.python, "-m", "gpuenv.cluster.probe", "facts"]),
         "probe",
         deadline_s=opts.probe_deadline_s,
     )
@@ -168,7 +168,7 @@ def health_stage(state: State) -> None:
     GPU needing a reset or worse is named as sick, not found later as a slow pair."""
     outcomes = state.fan_out(
         state.alive,
-        lambda h: launch.as_user(h, shlex.join(health.node_argv(h, become=False))),
+        lambda h: shlex.join(health.node_argv(h, become=False)),
         "gpuenv health",
         deadline_s=min(state.opts.deadline_s, health.DEADLINE_S),
     )
@@ -180,7 +180,7 @@ def check_stage(state: State) -> None:
         argv = [h.python, "-m", "gpuenv", "check", "--json", "-", "--node", h.name]
         if h.expect_gpus is not None:
             argv += ["--expect-gpus", str(h.expect_gpus)]
-        return launch.as_user(h, shlex.join([*argv, *state.opts.check_args]))
+        return shlex.join([*argv, *state.opts.check_args])
 
     outcomes = state.fan_out(state.alive, command, "gpuenv check")
     for name, out in outcomes.items():
@@ -194,6 +194,20 @@ def check_stage(state: State) -> None:
             continue
         state.report.node_reports[name] = report
         state.report.results.extend(report.results)
+        _name_login_settings(report, state.probes.get(name, {}))
+
+
+def _name_login_settings(report: RunReport, probe: Mapping[str, Any]) -> None:
+    """A node's failed checks name the job variables its login files set (LD_LIBRARY_PATH in
+    /etc/profile.d/zz-site.sh, CUDA_VISIBLE_DEVICES in /etc/environment): the commands ran in
+    the user's SSH login, so a setting there is the likeliest cause the user can mend."""
+    found = probe.get("login_env") or {}
+    if not isinstance(found, Mapping) or not found:
+        return
+    note = f" [login environment: {login_env.describe(found)}]"
+    for result in report.results:
+        if result.status in (Status.FAIL, Status.ERROR):
+            result.reason += note
 
 
 def consistency_stage(state: State) -> None:
@@ -583,9 +597,7 @@ def fabric_stage(state: State) -> None:
         return
     read = state.fan_out(
         with_ports,
-        lambda h: launch.as_user(
-            h, shlex.join([h.python, "-m", "gpuenv.cluster.probe", "counters"])
-        ),
+        lambda h: shlex.join([h.python, "-m", "gpuenv.cluster.probe", "counters"]),
         "port counters",
         deadline_s=state.opts.probe_deadline_s,
     )
@@ -655,7 +667,7 @@ def _pair_runs(state: State, nodes: Mapping[str, fabric_check.NodeFabric]) -> No
     def command(h: Host) -> str:
         server_loop = "; ".join(serve.get(h.name, [])) or "true"
         client_loop = "; ".join(ask.get(h.name, [])) or "true"
-        return launch.as_user(h, f"( {server_loop} ) & ( {client_loop} ); wait")
+        return f"( {server_loop} ) & ( {client_loop} ); wait"
 
     count = max(len(r) for _, _, r in pairs_)
     deadline_s = count * (PERFTEST_DEADLINE_S + PERFTEST_START_S) + 10

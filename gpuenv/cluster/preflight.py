@@ -15,7 +15,6 @@ from typing import Any
 
 from gpuenv.cluster.fanout import GRACE_S, NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
-from gpuenv.cluster.launch import as_user
 from gpuenv.floor import cuda_compat
 from gpuenv.results import CLUSTER_NODE, Measurement, Result, Status
 
@@ -144,7 +143,7 @@ def cuda_compat_result(hosts: Sequence[Host], probes: Mapping[str, Mapping[str, 
 
 
 def _probe(host: Host, *words: str) -> str:
-    return as_user(host, shlex.join([host.python, "-m", "gpuenv.cluster.probe", *words]))
+    return shlex.join([host.python, "-m", "gpuenv.cluster.probe", *words])
 
 
 def port_reachability(

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuenv import proc
 from gpuenv.checks import fabric as fabric_check
-from gpuenv.floor import cuda_compat, net
+from gpuenv.floor import cuda_compat, login_env, net
 from gpuenv.floor.node import package_versions
 
 # Distributions whose versions must agree across nodes (the Python stack of the jobs).
@@ -157,6 +157,9 @@ def facts() -> dict[str, Any]:
         "interfaces": interfaces,
         "links": links(),
         "facts": compared,
+        # The job variables this login got from a login file that is not gpuenv's: a node whose
+        # checks fail names them (pipeline.check_stage).
+        "login_env": login_env.job_variables("/", os.path.expanduser("~"), os.environ),
     }
 
 

@@ -1,10 +1,10 @@
 """`gpuenv doctor -i`: run the node diagnosis on every inventory node at once, then compare.
 
 Each node runs ``<its python> -m gpuenv doctor --json - --node NAME --address ADDR`` over the
-transport ``gpuenv cluster`` uses (fabric with verified host keys, or local process groups),
-under one deadline. Its JSON report carries every class's findings and facts; the controller
-rebuilds the readings, runs the cross-node comparison (classes 7 and 9) and returns one
-Result per class and node, plus an ERROR per node that gave no report.
+transport ``gpuenv cluster`` uses (the OpenSSH client as Ansible calls it, host keys verified,
+or local process groups), under one deadline. Its JSON report carries every class's findings
+and facts; the controller rebuilds the readings, runs the cross-node comparison (classes 7 and
+9) and returns one Result per class and node, plus an ERROR per node that gave no report.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
@@ -64,8 +64,10 @@ def diagnose(
     become: bool = False,
     progress: Progress | None = None,
 ) -> Fleet:
+    # The doctor reads the node as the connection's user (root with --become), not in the
+    # cluster user's login that the validation's commands get.
     outcomes = fan_out(
-        hosts,
+        [replace(h, become_user=None) for h in hosts],
         lambda h: node_command(h, only, become),
         deadline_s,
         label="doctor",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
@@ -119,8 +119,10 @@ def scan_fleet(
     progress: Progress | None = None,
     command: Callable[[Host], str] | None = None,
 ) -> FleetHealth:
+    # Like the doctor, the scan reads the node as the connection's user (root with --become),
+    # not in the cluster user's login the validation stages use.
     answers = fan_out(
-        hosts,
+        [replace(h, become_user=None) for h in hosts],
         command or (lambda h: node_command(h, become)),
         deadline_s,
         label="health",

@@ -39,7 +39,7 @@ PLAY = """---
     cuda_toolkit_version: "12.4"
     nccl_install_method: pip
     nccl_version: "2.22"
-    gpu_env_gpuenv_install: index
+    # gpu_env_gpuenv_install left at auto: outside a checkout, the wheel the collection carries.
   tasks:
     - name: Check the GPU stack variables as preflight does
       ansible.builtin.include_role:
@@ -104,9 +104,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         ANSIBLE_LOCAL_TEMP=str(base / "tmp"),
         ANSIBLE_NOCOLOR="1",
     )
+    # The project's build: the gpuenv wheel first, into the collection, then the tarball.
     build = _run(
-        [_bin("ansible-galaxy"), "collection", "build", "--output-path", str(base), str(ROOT)],
-        env,
+        ["bash", str(ROOT / "scripts" / "build-collection.sh"), str(base)],
+        {**env, "PYTHON": sys.executable},
         work,
     )
     assert build.returncode == 0, build.stdout + build.stderr
@@ -131,6 +132,8 @@ def test_tarball_holds_the_collection_and_nothing_else(installed: Installed) -> 
         "plugins/filter/ssh_mesh.py",
         "playbooks/preflight.yml",
         "docs/collection.md",
+        "playbooks/site.yml",
+        f"roles/gpu_env/files/wheel/gpuenv-{VERSION}-py3-none-any.whl",
     ):
         assert wanted in names, wanted
     tops = {name.split("/")[0] for name in names}
@@ -138,9 +141,9 @@ def test_tarball_holds_the_collection_and_nothing_else(installed: Installed) -> 
     # Nothing of the Python package: the shared tables live in plugins/module_utils.
     assert "gpuenv" not in tops
     assert "plugins/module_utils/sources.py" in names
-    # 206 KB with the net_qos role (docs/collection.md): the bound catches a stray folder (a venv,
-    # a cache, the package), which would add megabytes, not the next role's few kilobytes.
-    assert installed.tarball.stat().st_size < 230_000
+    # About 190 KB of roles, plugins and docs plus the gpuenv wheel (about 260 KB, compressed
+    # already): the bound catches a stray venv, cache or a second wheel, not the wheel itself.
+    assert installed.tarball.stat().st_size < 600_000
 
 
 def test_declared_collections_install_offline_from_the_ansible_package(installed: Installed):
@@ -206,3 +209,15 @@ def test_bad_variable_fails_naming_it(installed: Installed) -> None:
     flat = " ".join(proc.stdout.split())
     assert "nccl_install_method" in flat and "tarball" in flat, proc.stdout[-3000:]
     assert "changed=0" in flat
+
+
+def test_site_playbook_runs_by_its_full_name(installed: Installed) -> None:
+    # `ansible-playbook gpuenv.cluster.site` resolves from the installed collection alone: every
+    # stage it imports parses (the converge itself: the opt-in tests/lab/test_userpath_lab.py).
+    argv = [_bin("ansible-playbook"), "--syntax-check", "-i", "localhost,", "gpuenv.cluster.site"]
+    proc = _run(argv, installed.env, installed.work)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    listed = _run([argv[0], "--list-tasks", *argv[2:]], installed.env, installed.work)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    for stage in ("Preflight checks", "Stage validate"):
+        assert stage in listed.stdout, stage

@@ -58,11 +58,19 @@ def test_an_unreachable_ssh_node_is_named_quickly(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
-    host = Host("down", "127.0.0.1", "127.0.0.1", port=port, user="x", known_hosts=(str(kh),))
+    host = _ssh_host("down", port, "x", kh)
     start = time.monotonic()
     out = fan_out([host], lambda h: "true", 5)["down"]
     assert out.rc is None and "unreachable at 127.0.0.1" in out.why()
     assert time.monotonic() - start < 5
+
+
+def _ssh_host(name, port, user, known_hosts):
+    """A loopback SSH host whose ssh reads no user configuration and only this known_hosts."""
+    args = ("-F", "/dev/null", "-o", f"UserKnownHostsFile={known_hosts}",
+            "-o", "GlobalKnownHostsFile=/dev/null")  # fmt: skip
+    return Host(name, "127.0.0.1", "127.0.0.1", port=port, user=user,
+                known_hosts=(str(known_hosts),), ssh_args=args)  # fmt: skip
 
 
 class _Server(paramiko.ServerInterface):
@@ -110,7 +118,7 @@ def test_unknown_host_key_is_refused(tmp_path, ssh_server):
     port, _ = ssh_server
     kh = tmp_path / "known_hosts"
     kh.write_text("")
-    host = Host("n1", "127.0.0.1", "127.0.0.1", port=port, user="u", known_hosts=(str(kh),))
+    host = _ssh_host("n1", port, "u", kh)
     out = fan_out([host], lambda h: "true", 10)["n1"]
     assert out.rc is None
     assert "is not in" in out.why() and "refused" in out.why()
@@ -122,7 +130,7 @@ def test_changed_host_key_is_refused(tmp_path, ssh_server):
     other = paramiko.ECDSAKey.generate()
     kh = tmp_path / "known_hosts"
     kh.write_text(f"[127.0.0.1]:{port} {other.get_name()} {other.get_base64()}\n")
-    host = Host("n1", "127.0.0.1", "127.0.0.1", port=port, user="u", known_hosts=(str(kh),))
+    host = _ssh_host("n1", port, "u", kh)
     out = fan_out([host], lambda h: "true", 10)["n1"]
     assert out.rc is None and "CHANGED" in out.why()
 

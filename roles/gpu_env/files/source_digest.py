@@ -1,4 +1,5 @@
-"""Print the digest of a gpuenv checkout and the name of the wheel it builds, as JSON.
+"""Print the digest of a gpuenv checkout and the name of the wheel it builds, as JSON; given a
+wheel file instead (the one the collection carries), its own digest and name.
 
 Runs on the controller. The digest covers what goes into the wheel, so the wheel is built and
 shipped again exactly when the checkout changed.
@@ -28,6 +29,10 @@ def version(root: Path) -> str:
 
 
 def main(root: Path) -> None:
+    if root.is_file():
+        digest = hashlib.sha256(root.read_bytes()).hexdigest()[:16]
+        print(json.dumps({"digest": digest, "wheel": root.name}))
+        return
     pyproject = tomllib.loads((root / "pyproject.toml").read_text())
     project = pyproject["project"]
     # The package's folders: gpuenv/ and those pyproject maps into it (the node floor,
