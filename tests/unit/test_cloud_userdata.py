@@ -1,7 +1,6 @@
 import shutil
 import subprocess
 from importlib import resources
-from pathlib import Path
 
 import pytest
 import yaml
@@ -15,8 +14,22 @@ FAKE_KEY = (
     "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
     "-----END OPENSSH PRIVATE KEY-----\n"
 )
-# A test-only CA certificate (public; its key was discarded when it was made with openssl).
-FAKE_CA = (Path(__file__).parent / "cloud" / "site-ca.pem").read_text()
+# A test-only CA certificate (public; its key was discarded when openssl made it), so that the
+# bundle is one OpenSSL can read.
+FAKE_CA = (
+    "-----BEGIN CERTIFICATE-----\n"
+    "MIIBvjCCAWOgAwIBAgIUKBjgs3g1muZlTZj3PJxNvPTBmdYwCgYIKoZIzj0EAwIw\n"
+    "MzExMC8GA1UEAwwoZ3B1ZW52IHVuaXQtdGVzdCBzaXRlIENBIChrZXkgZGlzY2Fy\n"
+    "ZGVkKTAgFw0yNjEyMDIwMDM0NDVaGA8yMTI2MTEwODAwMzQ0NVowMzExMC8GA1UE\n"
+    "AwwoZ3B1ZW52IHVuaXQtdGVzdCBzaXRlIENBIChrZXkgZGlzY2FyZGVkKTBZMBMG\n"
+    "ByqGSM49AgEGCCqGSM49AwEHA0IABAue3ypfiNaSRbeKcZf5KnL+Z26eDiXpqyuD\n"
+    "A3A3rMFnaLehqOHD2qY9mO/Kx3qm/DG79FCdERA13kDb/k0joL6jUzBRMB0GA1Ud\n"
+    "DgQWBBTIqg4fGbLCcJwVP+cSF8EycHumxDAfBgNVHSMEGDAWgBTIqg4fGbLCcJwV\n"
+    "P+cSF8EycHumxDAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0kAMEYCIQDp\n"
+    "D77nBiIf5MLo4YXpLNJ97HgUuAq2bFOyGtu++gsE9wIhAN2O68lUs1VqQIKtI/xj\n"
+    "CitO7idzkFoekg2YXJ2deYbN\n"
+    "-----END CERTIFICATE-----\n"
+)
 PINNED = "4e82a12c0ffee0ddba11c0de5eed5a1ad00dfee1"
 GIT_LS_REMOTE = userdata.ls_remote  # the real one, before the fixture below replaces it
 
