@@ -39,6 +39,13 @@ def register(subparsers: Any) -> None:
         help="SHA-256 of a tarball source; the instance checks it before it unpacks anything",
     )
     p.add_argument(
+        "--ca-bundle",
+        default="",
+        metavar="FILE",
+        help="PEM file of CA certificates the instance trusts for fetching --source, and only "
+        "for that (a source served under a private CA); the certificates go into the user data",
+    )
+    p.add_argument(
         "--secrets-command",
         default="",
         metavar="CMD",
@@ -81,6 +88,7 @@ def handler(args: argparse.Namespace) -> int:
             playbook=args.playbook,
             sha256=args.sha256,
             secrets_command=args.secrets_command,
+            ca_bundle=args.ca_bundle,
         )
     )
     if args.output == "-":

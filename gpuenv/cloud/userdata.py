@@ -11,8 +11,10 @@ and private key material, vault-encrypted values and variables named like secret
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -64,6 +66,8 @@ _COMMIT_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _TARBALL_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 _CERT_RE = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
+# Where the instance keeps --ca-bundle's certificates, which only the fetch of the source trusts.
+SOURCE_CA_FILE = "/etc/gpuenv/source-ca.pem"
 # Controller-side settings that mean nothing on the node (paths on the controller).
 _DROPPED = ("ssh_mesh_private_key_file", "ssh_mesh_key_dir", "gpuenv_ca_bundle")
 
@@ -79,6 +83,7 @@ class Request:
     playbook: str = DEFAULT_PLAYBOOK
     sha256: str = ""  # a tarball's SHA-256, checked on the node before anything runs
     secrets_command: str = ""  # run on the node at boot; its output is the secrets file
+    ca_bundle: str = ""  # a controller PEM file: the CAs the node trusts for fetching the source
     ansible: str = ANSIBLE_REQUIREMENT
     ansible_py310: str = ANSIBLE_PY310_REQUIREMENT
 
@@ -159,11 +164,13 @@ def check_sha256(source: str, sha256: str) -> str:
     return value
 
 
-def ls_remote(source: str, ref: str) -> str:
-    """``git ls-remote SOURCE REF``'s listing; BadInput when git cannot answer in time."""
+def ls_remote(source: str, ref: str, ca_file: str = "") -> str:
+    """``git ls-remote SOURCE REF``'s listing; BadInput when git cannot answer in time. With
+    ``ca_file`` the controller trusts the CAs the instance will trust for the same fetch."""
     try:
         # An annotated tag's commit is listed as REF^{} only when asked for by that name.
-        argv = ["git", "ls-remote", "--", source, ref, f"{ref}^{{}}"]
+        trust = ["-c", f"http.sslCAInfo={ca_file}"] if ca_file else []
+        argv = ["git", *trust, "ls-remote", "--", source, ref, f"{ref}^{{}}"]
         done = proc.capture(argv, GIT_DEADLINE_S)
     except OSError as exc:
         raise BadInput(f"--ref {ref}: cannot run git to resolve it ({exc})") from None
@@ -295,19 +302,30 @@ def node_variables(variables: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def ca_certificates(path: str) -> list[str]:
-    """The PEM certificates of the site CA bundle (a controller path); never a private key."""
+def ca_certificates(path: str, what: str = "gpuenv_ca_bundle") -> list[str]:
+    """The PEM certificates of a CA bundle (a controller path, ``what`` names where it was
+    given); never a private key, and each one a certificate OpenSSL can read."""
     if not path:
         return []
     file = Path(path).expanduser()
     if not file.is_file():
-        raise BadInput(f"gpuenv_ca_bundle {path} does not exist on this controller")
+        raise BadInput(f"{what} {path} does not exist on this controller")
     text = file.read_text(errors="replace")
     if _PRIVATE_KEY_RE.search(text):
-        raise BadInput(f"gpuenv_ca_bundle {path} holds a private key; give CA certificates only")
+        raise BadInput(
+            f"{what} {path} holds a private key; give CA certificates only (user data is "
+            "readable from the instance's metadata service)"
+        )
     certs = [c.strip() + "\n" for c in _CERT_RE.findall(text)]
     if not certs:
-        raise BadInput(f"gpuenv_ca_bundle {path} holds no PEM certificate")
+        raise BadInput(f"{what} {path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+    for number, cert in enumerate(certs, 1):
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=cert)
+        except (ssl.SSLError, ValueError) as exc:
+            raise BadInput(
+                f"{what} {path}: certificate {number} is not a readable PEM certificate ({exc})"
+            ) from None
     return certs
 
 
@@ -323,7 +341,13 @@ def check_profile(variables: Mapping[str, Any]) -> str:
 
 
 def _env_file(
-    req: Request, sources: src.Sources, node_venv: str, profile: str, commit: str, sha256: str
+    req: Request,
+    sources: src.Sources,
+    node_venv: str,
+    profile: str,
+    commit: str,
+    sha256: str,
+    source_ca: str,
 ) -> str:
     values = {
         "GPUENV_GROUP": req.group,
@@ -332,6 +356,8 @@ def _env_file(
         # A git source's ref as the commit it named when the user data was rendered.
         "GPUENV_COMMIT": commit,
         "GPUENV_SHA256": sha256,
+        # --ca-bundle's file: the CAs curl and git trust for the fetch (empty: the system's).
+        "GPUENV_SOURCE_CA": source_ca,
         "GPUENV_SECRETS_COMMAND": req.secrets_command,
         "GPUENV_PLAYBOOK": req.playbook,
         "GPUENV_SKIP_TAGS": ",".join(SKIP_TAGS),
@@ -391,6 +417,7 @@ def render(req: Request) -> UserData:
     check_source(req.source)
     check_ref(req.ref)
     sha256 = check_sha256(req.source, req.sha256)
+    source_certs = ca_certificates(req.ca_bundle, "--ca-bundle")
     data, groups = inventory.export(req.inventory)
     variables = group_vars(data, groups, req.group, req.inventory)
     node_vars = node_variables(variables)  # refuses secrets before anything else reads them
@@ -405,7 +432,8 @@ def render(req: Request) -> UserData:
                 "(sha256sum FILE) to pin what every instance runs"
             )
     else:
-        commit = resolve_ref(req.source, req.ref)
+        listing = functools.partial(ls_remote, ca_file=req.ca_bundle) if req.ca_bundle else None
+        commit = resolve_ref(req.source, req.ref, listing)
     node_venv = str(variables.get("gpu_env_venv") or DEFAULT_NODE_VENV)
     script = resources.files("gpuenv.cloud").joinpath("templates/bootstrap.sh").read_text()
     env = jinja2.Environment(
@@ -419,7 +447,10 @@ def render(req: Request) -> UserData:
         resources.files("gpuenv.cloud").joinpath("templates/user-data.yaml.j2").read_text()
     )
     header = f"# The variables of inventory group {req.group}, as `gpuenv cloud-init` read them.\n"
-    env_file = _env_file(req, sources, node_venv, check_profile(variables), commit, sha256)
+    source_ca = SOURCE_CA_FILE if source_certs else ""
+    env_file = _env_file(
+        req, sources, node_venv, check_profile(variables), commit, sha256, source_ca
+    )
     text = template.render(
         group=req.group,
         source=req.source,
@@ -427,6 +458,8 @@ def render(req: Request) -> UserData:
         commit=commit,
         playbook=req.playbook,
         ca_certs=certs,
+        source_ca_file=SOURCE_CA_FILE,
+        source_certs="".join(source_certs).rstrip("\n"),
         # Each file's content is a YAML block scalar, which gives back its final newline.
         env_file=env_file.rstrip("\n"),
         pip_conf=_pip_conf(sources).rstrip("\n"),

@@ -2,21 +2,26 @@
 
 The node gets Debian's cloud-init and a NoCloud seed (/var/lib/cloud/seed/nocloud) holding the
 rendered user data; cloud-init's stages are then started by hand, as a booting instance would
-run them. The project reaches the node as a `git archive` tarball served by the lab's cache
-container (http://apt-cache:8080/bootstrap/), apt goes through the lab's apt cache, PyPI through
-the controller's proxy (the node image trusts its CA). Nothing leaves the lab's network:
+run them. The project reaches the node as a `git archive` tarball that the lab's cache container
+serves over https (`gpuenv cloud-init` fetches over https only) from a server this harness starts
+there on a port of its own, under a throwaway CA made here and given to the user data with
+`--ca-bundle`; apt goes through the lab's apt cache, PyPI through the controller's proxy (the node
+image trusts its CA). Nothing leaves the lab's network:
 cloud-init looks at the NoCloud seed only, and its network, hostname, apt-sources and host-key
 modules are told to leave the container alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from gpuenv.lab.cluster import ssh_argv
-from gpuenv.lab.settings import WHEELHOUSE_URL, wheelhouse_dir
+from gpuenv.lab.settings import CACHE_ALIAS, Names, wheelhouse_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH = "torch==2.13.0"  # the CPU build constraints.txt pins, which lies on the controller
@@ -134,10 +139,127 @@ def serve_torch() -> None:
     )  # fmt: skip
 
 
-def render(inventory: Path, group: str, ref: str) -> str:
+# An https server for the project's tarball, in the lab's cache container: python's http.server
+# wrapped with ssl. It writes its pid, so that the harness stops it and only it.
+HTTPS_SERVER = """\
+import functools, http.server, os, ssl, sys
+port, folder, cert, key, pidfile = sys.argv[1:]
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=folder)
+server = http.server.ThreadingHTTPServer(("0.0.0.0", int(port)), handler)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(cert, key)
+server.socket = context.wrap_socket(server.socket, server_side=True)
+with open(pidfile, "w") as f:
+    f.write(str(os.getpid()))
+server.serve_forever()
+"""
+HTTPS_START_S = 60  # until the server answers, on a loaded machine
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=120)
+
+
+def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@dataclass(frozen=True)
+class HttpsSource:
+    """The project's tarball over https from the lab's cache container (``apt-cache:port``)."""
+
+    container: str
+    port: int
+    folder: str  # in the container: www/bootstrap/ (what it serves), tls/ (its key), its script
+    ca: Path  # the throwaway CA's certificate, on the controller (its key never leaves tmp)
+    tarball: Path
+    sha256: str
+
+    @property
+    def url(self) -> str:
+        return f"https://{CACHE_ALIAS}:{self.port}/bootstrap/gpuenv-{{ref}}.tar.gz"
+
+    def stop(self) -> None:
+        pidfile = f"{self.folder}/server.pid"
+        _docker("exec", self.container, "sh", "-c", f"[ ! -f {pidfile} ] || kill $(cat {pidfile})")
+        _docker("exec", self.container, "rm", "-rf", self.folder)
+
+
+def serve_https(lab: str, tarball: Path, tmp: Path) -> HttpsSource:
+    """A throwaway CA and a server certificate for apt-cache (keys in ``tmp``, never committed),
+    and an https server in the cache container serving a copy of the tarball's folder on a port
+    of this lab's. A copy: the cache's /srv/wheels is the wheelhouse of the checkout that created
+    the cache container (read-only), not necessarily this one's."""
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed on the controller (apt-get install -y openssl)")
+    ca_key, ca, key, csr, cert = (
+        tmp / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem")
+    )
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    # The extensions Python 3.13's strict verification (the cache's) and curl expect of a CA.
+    _openssl("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "2",
+             "-subj", f"/CN=gpuenv lab {lab} throwaway CA",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    _openssl(
+        "req", "-new", *ec, "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={CACHE_ALIAS}"
+    )
+    san = tmp / "san.ext"
+    san.write_text(
+        f"subjectAltName=DNS:{CACHE_ALIAS}\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(san))  # fmt: skip
+    (tmp / "serve.py").write_text(HTTPS_SERVER)
+    container = Names.from_env().cache_container
+    # A port of this lab's own, beside 8080 and other labs' servers in the same cache container.
+    port = 8443 + zlib.crc32(lab.encode()) % 500
+    folder = f"/srv/https-{lab}"
+    source = HttpsSource(
+        container, port, folder, ca, tarball, hashlib.sha256(tarball.read_bytes()).hexdigest()
+    )
+    source.stop()  # a server a killed run of this lab left behind
+    made = _docker("exec", container, "mkdir", "-p", f"{folder}/www/bootstrap", f"{folder}/tls")
+    assert made.returncode == 0, made.stderr
+    for path, there in (
+        (tarball, f"www/bootstrap/{tarball.name}"),  # only www/ is served: the key is beside it
+        (cert, "tls/srv.pem"),
+        (key, "tls/srv.key"),
+        (ca, "tls/ca.pem"),
+        (tmp / "serve.py", "serve.py"),
+    ):
+        copied = _docker("cp", str(path), f"{container}:{folder}/{there}")
+        assert copied.returncode == 0, copied.stderr
+    started = _docker("exec", "-d", container, "python3", f"{folder}/serve.py", str(port),
+                      f"{folder}/www", f"{folder}/tls/srv.pem", f"{folder}/tls/srv.key",
+                      f"{folder}/server.pid")  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    probe = (
+        "import socket, ssl, sys; c = ssl.create_default_context(cafile=sys.argv[2]);"
+        " c.wrap_socket(socket.create_connection(('127.0.0.1', int(sys.argv[1])), 5),"
+        f" server_hostname='{CACHE_ALIAS}').close()"
+    )
+    stop_at = time.monotonic() + HTTPS_START_S
+    while True:
+        # The certificate verified by the CA for the name nodes use: what curl on a node will do.
+        said = _docker("exec", container, "python3", "-c", probe, str(port), f"{folder}/tls/ca.pem")
+        if said.returncode == 0:
+            return source
+        if time.monotonic() > stop_at:
+            source.stop()
+            pytest.fail(f"https server in {container}:{port} did not answer: {said.stderr[-2000:]}")
+        time.sleep(2)
+
+
+def render(inventory: Path, group: str, ref: str, source: HttpsSource) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "gpuenv", "cloud-init", "-i", str(inventory), "--group", group,
-         "--source", f"{WHEELHOUSE_URL}bootstrap/gpuenv-{{ref}}.tar.gz", "--ref", ref],
+         "--source", source.url, "--ref", ref, "--sha256", source.sha256,
+         "--ca-bundle", str(source.ca)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -17,7 +17,16 @@ import os
 
 import pytest
 import yaml
-from cloudlab import ROOT, TORCH, LabNode, head_commit, render, serve_project, serve_torch
+from cloudlab import (
+    ROOT,
+    TORCH,
+    LabNode,
+    head_commit,
+    render,
+    serve_https,
+    serve_project,
+    serve_torch,
+)
 
 from gpuenv.lab.settings import WHEELHOUSE_URL
 
@@ -33,9 +42,11 @@ GROUP = "cloud_nodes"
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    """The committed project as a tarball the lab serves, and an inventory for the new node."""
+    """The committed project as a tarball the lab serves over https, and an inventory for the
+    new node."""
     commit = head_commit()
     tarball = serve_project(commit)
+    source = serve_https(LAB, tarball, tmp_path_factory.mktemp("tls"))
     serve_torch()
     inv = tmp_path_factory.mktemp("cloudinv")
     pins = yaml.safe_load((ROOT / "inventory" / "pins" / "debian-12.yml").read_text())
@@ -49,22 +60,27 @@ def project(tmp_path_factory):
     (inv / "hosts.yml").write_text(
         yaml.safe_dump({"all": {"children": {GROUP: {"vars": group_vars}}}})
     )
-    NODE.install_cloud_init()
-    yield inv / "hosts.yml", commit
-    tarball.unlink(missing_ok=True)
+    try:
+        NODE.install_cloud_init()
+        yield inv / "hosts.yml", commit, source
+    finally:
+        source.stop()
+        tarball.unlink(missing_ok=True)
 
 
 def test_a_ref_that_does_not_exist_fails_the_bootstrap_and_the_marker_says_so(project):
-    inventory, _ = project
-    user_data = render(inventory, GROUP, "no-such-ref")
+    inventory, _, source = project
+    user_data = render(inventory, GROUP, "no-such-ref", source)
     state = NODE.boot(user_data, "badref-no-such-ref", BAD_REF_DEADLINE_S)
     assert (state["status"], state["stage"]) == ("failed", "fetch"), state
+    # Over https, the certificate verified by --ca-bundle's CA: the server answered, 404.
     assert "404" in state["reason"], state
 
 
 def test_the_node_converges_from_the_labs_sources_checks_itself_and_is_ready(project):
-    inventory, commit = project
-    state = NODE.boot(render(inventory, GROUP, commit), f"good-{commit}", CONVERGE_DEADLINE_S)
+    inventory, commit, source = project
+    user_data = render(inventory, GROUP, commit, source)
+    state = NODE.boot(user_data, f"good-{commit}", CONVERGE_DEADLINE_S)
     assert state["status"] == "done", state
     assert state["verdict"] == "pass", state
     report = json.loads(NODE.run("cat /var/lib/gpuenv/check.json").stdout)

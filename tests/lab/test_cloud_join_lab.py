@@ -29,7 +29,17 @@ import threading
 
 import pytest
 import yaml
-from cloudlab import ROOT, TORCH, LabNode, head_commit, playbook, render, serve_project, serve_torch
+from cloudlab import (
+    ROOT,
+    TORCH,
+    LabNode,
+    head_commit,
+    playbook,
+    render,
+    serve_https,
+    serve_project,
+    serve_torch,
+)
 
 from gpuenv.lab.settings import LabPaths
 
@@ -89,12 +99,7 @@ def cluster(tmp_path_factory):
     (inv / "after.yml").write_text(yaml.safe_dump(lab))
     commit = head_commit()
     tarball = serve_project(commit)
-    serve_torch()
-    node = LabNode(LAB, new)
-    node.install_cloud_init()
-    instance = f"join-{commit}"
-    # The user data of the group, as a cloud would pass it to a new instance.
-    node.seed_and_start(render(inv / "before.yml", GROUP, commit), instance)
+    source = serve_https(LAB, tarball, tmp_path_factory.mktemp("tls"))
     first: dict = {}
 
     def converge_the_others():
@@ -103,9 +108,19 @@ def cluster(tmp_path_factory):
         except BaseException as err:  # reported by the fixture below, in the test's thread
             first["error"] = err
 
-    converge = threading.Thread(target=converge_the_others)
-    converge.start()
-    ready = node.wait_ready(instance, CONVERGE_DEADLINE_S)
+    # The https server is for the new node's fetch: stopped once the node is ready (or not).
+    try:
+        serve_torch()
+        node = LabNode(LAB, new)
+        node.install_cloud_init()
+        instance = f"join-{commit}"
+        # The user data of the group, as a cloud would pass it to a new instance.
+        node.seed_and_start(render(inv / "before.yml", GROUP, commit, source), instance)
+        converge = threading.Thread(target=converge_the_others)
+        converge.start()
+        ready = node.wait_ready(instance, CONVERGE_DEADLINE_S)
+    finally:
+        source.stop()
     converge.join(CONVERGE_DEADLINE_S)
     assert "error" not in first, f"the controller's converge of the others: {first.get('error')!r}"
     assert "run" in first, "the controller's converge of the other nodes did not end"

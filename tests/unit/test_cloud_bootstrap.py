@@ -283,3 +283,38 @@ def test_a_secrets_file_the_user_placed_is_passed_and_none_is_fine(node):
     assert done.returncode == 0, done.stderr
     assert f"--extra-vars @{secrets}" in (root / "var/log/gpuenv-bootstrap.log").read_text()
     assert secrets.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_ca_bundle_is_given_to_curl_for_the_tarball_and_nothing_else(node, tarball):
+    root, bin_dir, _ = node
+    (root / "etc" / "gpuenv" / "source-ca.pem").write_text("CA\n")
+    args = root / "curl.args"
+    _fake(
+        bin_dir / "curl",
+        f'echo "$*" >{args}\n' + (bin_dir / "curl").read_text().split("\n", 1)[1],
+    )
+    source = "https://apt-cache:8443/bootstrap/gpuenv-{ref}.tar.gz"
+    _env_file(
+        root, "", "v1", GPUENV_SOURCE=source, GPUENV_SHA256=tarball,
+        GPUENV_SOURCE_CA="/etc/gpuenv/source-ca.pem",
+    )  # fmt: skip
+    done, marker = _run(root, bin_dir)
+    assert done.returncode == 0, done.stderr
+    assert (marker["status"], marker["verdict"]) == ("done", "pass")
+    assert f"--cacert {root}/etc/gpuenv/source-ca.pem -o " in args.read_text()
+
+
+def test_the_ca_bundle_is_given_to_git_for_the_fetch(node):
+    root, bin_dir, repo = node
+    (root / "etc" / "gpuenv" / "source-ca.pem").write_text("CA\n")
+    calls = root / "git.args"
+    real_git = shutil.which("git")
+    _fake(bin_dir / "git", f'echo "$*" >>{calls}; exec {real_git} "$@"')
+    _env_file(root, repo, "v1", GPUENV_SOURCE_CA="/etc/gpuenv/source-ca.pem")
+    done, marker = _run(root, bin_dir)
+    assert done.returncode == 0, done.stderr
+    assert marker["status"] == "done" and marker["commit"]
+    fetches = [c for c in calls.read_text().splitlines() if " fetch " in c]
+    assert fetches and all(
+        f"-c http.sslCAInfo={root}/etc/gpuenv/source-ca.pem" in c for c in fetches
+    )

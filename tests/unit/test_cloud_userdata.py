@@ -14,7 +14,22 @@ FAKE_KEY = (
     "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
     "-----END OPENSSH PRIVATE KEY-----\n"
 )
-FAKE_CA = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUSiteCA\n-----END CERTIFICATE-----\n"
+# A test-only CA certificate (public; its key was discarded when openssl made it), so that the
+# bundle is one OpenSSL can read.
+FAKE_CA = (
+    "-----BEGIN CERTIFICATE-----\n"
+    "MIIBvjCCAWOgAwIBAgIUKBjgs3g1muZlTZj3PJxNvPTBmdYwCgYIKoZIzj0EAwIw\n"
+    "MzExMC8GA1UEAwwoZ3B1ZW52IHVuaXQtdGVzdCBzaXRlIENBIChrZXkgZGlzY2Fy\n"
+    "ZGVkKTAgFw0yNjEyMDIwMDM0NDVaGA8yMTI2MTEwODAwMzQ0NVowMzExMC8GA1UE\n"
+    "AwwoZ3B1ZW52IHVuaXQtdGVzdCBzaXRlIENBIChrZXkgZGlzY2FyZGVkKTBZMBMG\n"
+    "ByqGSM49AgEGCCqGSM49AwEHA0IABAue3ypfiNaSRbeKcZf5KnL+Z26eDiXpqyuD\n"
+    "A3A3rMFnaLehqOHD2qY9mO/Kx3qm/DG79FCdERA13kDb/k0joL6jUzBRMB0GA1Ud\n"
+    "DgQWBBTIqg4fGbLCcJwVP+cSF8EycHumxDAfBgNVHSMEGDAWgBTIqg4fGbLCcJwV\n"
+    "P+cSF8EycHumxDAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0kAMEYCIQDp\n"
+    "D77nBiIf5MLo4YXpLNJ97HgUuAq2bFOyGtu++gsE9wIhAN2O68lUs1VqQIKtI/xj\n"
+    "CitO7idzkFoekg2YXJ2deYbN\n"
+    "-----END CERTIFICATE-----\n"
+)
 PINNED = "4e82a12c0ffee0ddba11c0de5eed5a1ad00dfee1"
 GIT_LS_REMOTE = userdata.ls_remote  # the real one, before the fixture below replaces it
 
@@ -431,3 +446,97 @@ def test_output_that_cannot_be_a_file_exits_2_naming_it(tmp_path, capsys, target
     err = capsys.readouterr().err
     assert f"-o {path}:" in err
     assert "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def throwaway_ca(tmp_path_factory):
+    """A CA made here with openssl: its certificate, and its key (which stays in the tmp dir)."""
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed (apt-get install -y openssl)")
+    folder = tmp_path_factory.mktemp("ca")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(folder / "ca.key"), "-out", str(folder / "ca.pem"),
+         "-days", "2", "-subj", "/CN=gpuenv source CA"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return folder / "ca.pem", folder / "ca.key"
+
+
+def test_ca_bundle_reaches_the_fetch_alone(tmp_path, throwaway_ca):
+    ca, _ = throwaway_ca
+    inv = _write_inventory(tmp_path)
+    tarball = "https://apt-cache:8443/bootstrap/gpuenv-{ref}.tar.gz"
+    out = userdata.render(_request(inv, source=tarball, sha256="ab" * 32, ca_bundle=str(ca)))
+    doc = yaml.safe_load(out.text)
+    files = {f["path"]: f for f in doc["write_files"]}
+    assert files[userdata.SOURCE_CA_FILE]["content"] == ca.read_text()
+    assert files[userdata.SOURCE_CA_FILE]["permissions"] == "0644"
+    env = files["/etc/gpuenv/bootstrap.env"]["content"]
+    assert f"GPUENV_SOURCE_CA={userdata.SOURCE_CA_FILE}\n" in env
+    # Not in the system's trust: cloud-init's ca_certs holds the site's bundle only.
+    assert doc["ca_certs"]["trusted"] == [FAKE_CA]
+    assert "PRIVATE KEY" not in out.text
+    if shutil.which("cloud-init"):  # the schema test above skips, saying how, without it
+        done = _schema(tmp_path, out.text)
+        assert done.returncode == 0, done.stdout + done.stderr
+    without = yaml.safe_load(userdata.render(_request(inv, source=tarball)).text)
+    files = {f["path"]: f["content"] for f in without["write_files"]}
+    assert userdata.SOURCE_CA_FILE not in files
+    assert "GPUENV_SOURCE_CA=''\n" in files["/etc/gpuenv/bootstrap.env"]
+
+
+def test_ca_bundle_is_what_the_controller_trusts_to_resolve_a_git_ref(tmp_path, monkeypatch):
+    seen = []
+    real_capture = userdata.proc.capture
+
+    def capture(argv, timeout_s, **kw):
+        if argv[0] != "git":  # ansible-inventory runs for real
+            return real_capture(argv, timeout_s, **kw)
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, f"{PINNED}\trefs/tags/v1.0\n", "")
+
+    monkeypatch.setattr(userdata, "ls_remote", GIT_LS_REMOTE)
+    monkeypatch.setattr(userdata.proc, "capture", capture)
+    ca = tmp_path / "ca.pem"
+    ca.write_text(FAKE_CA)
+    inv = _write_inventory(tmp_path)
+    out = userdata.render(_request(inv, ca_bundle=str(ca)))
+    assert f"GPUENV_COMMIT={PINNED}" in out.text
+    assert seen[0][:3] == ["git", "-c", f"http.sslCAInfo={ca}"]
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "does not exist on this controller"),
+        ("not a certificate\n", "holds no PEM certificate"),
+        (
+            "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n",
+            "certificate 1 is not a readable PEM certificate",
+        ),
+        (FAKE_CA + FAKE_KEY, "holds a private key; give CA certificates only"),
+    ],
+)
+def test_bad_ca_bundle_exits_2_naming_it(tmp_path, capsys, content, expected):
+    inv = _write_inventory(tmp_path)
+    bundle = tmp_path / "bundle.pem"
+    if content is not None:
+        bundle.write_text(content)
+    out = tmp_path / "user-data.yaml"
+    argv = ["cloud-init", "-i", str(inv), "--group", "cloud_nodes", "-o", str(out)]
+    argv += ["--source", "https://git.example.org/gpuenv.git", "--ref", PINNED]
+    assert main([*argv, "--ca-bundle", str(bundle)]) == 2
+    err = capsys.readouterr().err
+    assert f"--ca-bundle {bundle}" in err
+    assert expected in err
+    assert not out.exists()
+
+
+def test_a_private_key_made_by_openssl_is_refused(tmp_path, throwaway_ca):
+    ca, key = throwaway_ca
+    both = tmp_path / "both.pem"
+    both.write_text(ca.read_text() + key.read_text())
+    inv = _write_inventory(tmp_path)
+    with pytest.raises(BadInput, match=f"--ca-bundle {both} holds a private key"):
+        userdata.render(_request(inv, ca_bundle=str(both)))

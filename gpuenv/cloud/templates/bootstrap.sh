@@ -20,6 +20,9 @@ log=$root/var/log/gpuenv-bootstrap.log
 work=$root/opt/gpuenv-bootstrap
 venv=$work/venv
 project=$work/project
+# --ca-bundle's certificates: trusted for fetching the source and for nothing else (curl and
+# git are told to use them; the system's trust store is left as the image and the site set it).
+source_ca=${GPUENV_SOURCE_CA:+$root$GPUENV_SOURCE_CA}
 # Secrets never travel in user data: a file the user places, or GPUENV_SECRETS_COMMAND's output.
 secrets=${GPUENV_SECRETS_FILE:-$conf_dir/secrets.yml}
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
@@ -164,7 +167,8 @@ do_fetch() {
   case "$GPUENV_SOURCE" in
     *.tar.gz | *.tgz | *.tar)
       archive=$work/source.tar
-      curl -fsSL --proto =https --retry 3 -o "$archive" "${GPUENV_SOURCE//\{ref\}/$GPUENV_REF}"
+      curl -fsSL --proto =https --retry 3 ${source_ca:+--cacert "$source_ca"} -o "$archive" \
+        "${GPUENV_SOURCE//\{ref\}/$GPUENV_REF}"
       # The checksum is checked before the archive is even unpacked.
       if [ -n "${GPUENV_SHA256:-}" ]; then
         sum=$(sha256sum "$archive" | cut -d' ' -f1)
@@ -179,7 +183,8 @@ do_fetch() {
       ;;
     *)
       git -C "$new" init -q
-      git -C "$new" fetch -q --depth 1 "$GPUENV_SOURCE" "$want"
+      git -C "$new" ${source_ca:+-c "http.sslCAInfo=$source_ca"} fetch -q --depth 1 \
+        "$GPUENV_SOURCE" "$want"
       git -C "$new" checkout -q FETCH_HEAD
       got=$(git -C "$new" rev-parse HEAD)
       if [ -n "${GPUENV_COMMIT:-}" ] && [ "$got" != "$GPUENV_COMMIT" ]; then
