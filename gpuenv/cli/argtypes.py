@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 
 from gpuenv import proc
@@ -25,6 +26,26 @@ def positive(kind: type[int] | type[float], what: str) -> Callable[[str], int | 
         return value
 
     return parse
+
+
+# A pip requirement as gpuenv bundle takes it: a PEP 508 name, optional extras, and optional
+# version clauses (PEP 440 operators, each with a version); no URL, marker or environment part.
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_CLAUSE = r"\s*(?:===|==|!=|~=|<=|>=|<|>)\s*[A-Za-z0-9*+!._-]+\s*"
+_REQUIREMENT = re.compile(
+    rf"^\s*{_NAME}\s*(?:\[\s*{_NAME}(?:\s*,\s*{_NAME})*\s*\])?(?:{_CLAUSE}(?:,{_CLAUSE})*)?$"
+)
+
+
+def requirement(text: str) -> str:
+    """A pip requirement (``torch==2.13.0``, ``cupy-cuda12x>=13``); anything else, such as an
+    operator without a version (``torch===``), is refused naming it."""
+    if not _REQUIREMENT.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a pip requirement (NAME, optional [extras], optional version"
+            " clauses such as ==2.13.0 or >=2,<3)"
+        )
+    return text.strip()
 
 
 def output_target(option: str, target: str | None, stdout_ok: bool = False) -> None:

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from gpuenv.cli import argtypes
 from gpuenv.errors import BadInput
 
 
@@ -48,9 +49,20 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--deb", action="append", default=[], metavar="PKG", help="one more .deb")
     p.add_argument(
-        "--wheel", action="append", default=[], metavar="REQ", help="one more pip requirement"
+        "--wheel",
+        action="append",
+        default=[],
+        type=argtypes.requirement,
+        metavar="REQ",
+        help="one more pip requirement",
     )
-    p.add_argument("--torch", default="", metavar="REQ", help="add PyTorch (e.g. torch==2.13.0)")
+    p.add_argument(
+        "--torch",
+        default=None,
+        type=argtypes.requirement,
+        metavar="REQ",
+        help="add PyTorch (e.g. torch==2.13.0)",
+    )
     p.add_argument(
         "--find-links",
         metavar="DIR",
@@ -79,7 +91,7 @@ def handler(args: argparse.Namespace) -> int:
         driver_mode=args.driver_mode,
         extra_debs=tuple(args.deb),
         extra_wheels=tuple(args.wheel),
-        torch=args.torch,
+        torch=args.torch or "",
         gpu_wheels=not args.cpu_only,
         with_gpuenv=not args.no_gpuenv,
     )

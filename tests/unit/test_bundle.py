@@ -326,3 +326,21 @@ def test_a_build_step_runs_under_a_deadline_and_a_stalled_one_is_named() -> None
             container.DockerExecutor(_Exec(code)).run(["apt-get", "update"])  # type: ignore[arg-type]
     with pytest.raises(GpuenvError, match=r"failed in the build container \(exit 100\)"):
         container.DockerExecutor(_Exec(100)).run(["apt-get", "update"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("req", ["torch===", "torch==", "", "torch==2.13.0 ; sys_platform", "==2"])
+def test_a_torch_or_wheel_that_is_not_a_pip_requirement_is_bad_input(req, capsys):
+    """gpuenv bundle --torch/--wheel: an operator without a version (torch===) is named, exit 2."""
+    pins = str(Path(__file__).resolve().parents[2] / "inventory/pins/debian-12.yml")
+    for option in ("--torch", "--wheel"):
+        with pytest.raises(SystemExit) as exc:
+            main(["bundle", "--plan", option, req, "--pins", pins, "-o", "/tmp/gpuenv-bx"])
+        assert exc.value.code == 2
+        assert f"{req!r} is not a pip requirement" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("req", ["torch==2.13.0", "torch>=2,<3", "cupy-cuda12x[all]>=13", "rich"])
+def test_pip_requirements_are_taken(req):
+    from gpuenv.cli.argtypes import requirement
+
+    assert requirement(req) == req
