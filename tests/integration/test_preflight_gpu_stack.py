@@ -192,6 +192,17 @@ CASES: dict[str, Case] = {
         {**GOOD_TRIXIE, "gpu_env_build_tools": "sometimes"},
         ("gpu_env_build_tools", "bool"),
     ),
+    # The site cache stage does not run (no cache host), its variables are checked all the same.
+    "cache-port-without-cache-host": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "site_cache_http_port": 99999},
+        ("site_cache_http_port", "99999", "TCP port"),
+    ),
+    "cache-port-not-a-number": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "site_cache_apt_port": "apt"},
+        ("site_cache_apt_port", "int"),
+    ),
     "unsupported-os": Case(ROCKY, GOOD_TRIXIE, ("Rocky 9.4 is not supported", "Debian", "Ubuntu")),
     "good-full-hopper": Case(TRIXIE, {**GOOD_TRIXIE, **FULL}, (), gpus(0x2330)),
     "blackwell-with-proprietary-modules": Case(
