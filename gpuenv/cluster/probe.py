@@ -21,8 +21,8 @@ from importlib import metadata
 from typing import Any
 
 from gpuenv import proc
-from gpuenv.checks import fabric as fabric_check
 from gpuenv.floor import cuda_compat, login_env, net
+from gpuenv.floor import fabric as floor_fabric
 from gpuenv.floor.node import package_versions
 
 # Distributions whose versions must agree across nodes (the Python stack of the jobs).
@@ -117,6 +117,7 @@ def links(root: str = "/") -> dict[str, Any]:
     ports = net.rdma_ports(root)
     active = [p for p in ports if p.active]
     rates = [r for r in (p.rate_gbytes for p in active) if r]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     out: dict[str, Any] = {
         "ib.active_ports": [p.name for p in active],
         # The fabric's rules (gpuenv.checks.fabric): every port, the NCCL settings in force,
@@ -128,7 +129,9 @@ def links(root: str = "/") -> dict[str, Any]:
         "tools.ib_write_bw": shutil.which("ib_write_bw"),
         # The fabric reader's share (gpuenv.floor.fabric): gdr.peermem, gdr.dmabuf,
         # gdr.acs_bridges, gdr.far_pairs, the derivation's rails and settings, the GID tables.
-        **fabric_check.topology_links(fabric_check.read_fabric(root, os.environ)),
+        **floor_fabric.topology_links(
+            floor_fabric.read(root, proc.command_output, cuda_visible_devices=visible)
+        ),
     }
     if rates:
         out["ib.rate_gbps"] = min(rates)

@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from .net import (
     RDMA_CLASS,
@@ -527,3 +528,37 @@ def derive(fabric: Fabric, overrides: Mapping[str, object] | None = None) -> Ncc
         origin=origin,
         problems=tuple(problems),
     )
+
+
+def topology_links(found: Fabric) -> dict[str, Any]:
+    """What the fabric rules take from the fabric reader, as the probe's ``links`` keys (the
+    node check reads the same through ``read_node``): GPUDirect RDMA (peermem, dma-buf, ACS
+    redirect between a GPU and the rail under its PCIe switch, GPUs with no rail near them) and
+    the derivation (its rails, NCCL settings and the ports it left out), the GID tables."""
+    settings = derive(found)
+    nearest = nearest_rails(found, settings.rails)
+    index = {g.bdf: i for i, g in enumerate(found.gpus)}
+    by_hca = {p.hca: p for p in found.ports}
+    far = []
+    for gpu in found.gpus:
+        rail, relation = nearest.get(gpu.bdf, ("", ""))
+        if rail and relation == NO_AFFINITY:
+            far.append(
+                f"GPU{index[gpu.bdf]} ({gpu.bdf}, NUMA {gpu.numa_node}) has no rail on its PCIe"
+                f" switch or NUMA node; nearest {rail} is on NUMA {by_hca[rail].numa_node}"
+            )
+    acs = sorted({b for a in found.affinity if a.relation == PCIE_SWITCH
+                  and a.port in settings.rails for b in a.acs_redirect})  # fmt: skip
+    return {
+        "gdr.peermem": found.gdr.peermem_loaded,
+        "gdr.dmabuf": found.gdr.dmabuf,
+        "gdr.acs_bridges": acs,
+        "gdr.far_pairs": far,
+        "ib.derived_rails": list(settings.rails),
+        "ib.derived": settings.conf(),
+        "ib.left_out": dict(settings.left_out),
+        "ib.rail_gpu": rail_gpus(found, settings.rails),
+        "ib.gid_types": {
+            p.hca: {str(g.index): g.type for g in p.gids} for p in found.ports if p.roce
+        },
+    }
