@@ -38,13 +38,16 @@ def test_cpu_node_skips_gpu_checks_and_passes_ddp_and_mpi(tmp_path):
     report = json.loads(out.read_text())
     assert report["verdict"]["required"] == ["mpi", "ddp"] and report["verdict"]["ok"]
     results = {r["check"]: r for r in report["results"]}
-    assert list(results) == ["system", "cupy", "streams", "nccl", "mpi", "ddp"]
+    assert list(results) == ["system", "cupy", "streams", "nccl", "fabric", "mpi", "ddp"]
     # Without a driver NVML says so; without nvidia-ml-py the reason names that instead.
     assert results["system"]["status"] == "SKIP"
     assert "NVML" in results["system"]["reason"] or "nvidia-ml-py" in results["system"]["reason"]
     for name in ("cupy", "streams", "nccl"):
         assert results[name]["status"] == "SKIP"
         assert results[name]["reason"].startswith("no NVIDIA GPU visible")
+    # No InfiniBand/RoCE here: the fabric check says so, and nothing requires it.
+    assert results["fabric"]["status"] == "SKIP"
+    assert "no InfiniBand/RoCE port" in results["fabric"]["reason"]
     assert results["ddp"]["status"] == "PASS", results["ddp"]
     assert results["ddp"]["details"]["backend"] == "gloo"
     assert "2 ranks" in results["ddp"]["reason"]
