@@ -18,6 +18,7 @@ from gpuenv.cli.argtypes import output_target, positive
 from gpuenv.errors import BadInput
 from gpuenv.health.dcgm import LEVELS as DCGM_LEVELS  # standard library only
 from gpuenv.health.findings import ACTIONS  # the ladder (standard library only)
+from gpuenv.health.slurm import CACHE_FILE, CACHE_S  # standard library only
 
 
 def register(subparsers: Any) -> None:
@@ -55,7 +56,26 @@ def register(subparsers: Any) -> None:
                    help="record a repair (who and when) instead of scanning: every finding, or"
                    " --finding ID")  # fmt: skip
     p.add_argument("--finding", metavar="ID", help="with --clear: the finding's id (see --json)")
-    p.add_argument("--node", help="node name in the report (default: short host name)")
+    p.add_argument("--node", help="node name in the report and, with --slurm, in Slurm (default:"
+                   " $SLURMD_NODENAME under --slurm, else the short host name)")  # fmt: skip
+    p.add_argument("--slurm", action="store_true",
+                   help="Slurm's HealthCheckProgram: drain this node with a reason starting"
+                   " 'gpuenv:' and the top finding (a scan that fails drains too), resume it when"
+                   " healthy only if gpuenv drained it (docs/slurm.md)")  # fmt: skip
+    p.add_argument("--prolog", action="store_true",
+                   help="Slurm's prolog: pass on a fresh healthy cached verdict, else scan; never"
+                   " calls slurmctld; a scan that fails fails the prolog")  # fmt: skip
+    p.add_argument(
+        "--cache",
+        metavar="FILE",
+        help=f"with --slurm/--prolog: the verdict cache (default {CACHE_FILE})",
+    )
+    p.add_argument(
+        "--cache-s",
+        type=positive(float, "seconds > 0"),
+        metavar="SECONDS",
+        help=f"with --prolog: trust a cached verdict this long (default {CACHE_S:g})",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="list the clean signals too")
     p.add_argument("--root", metavar="DIR", help="read a recorded node under DIR (tests)")
     p.add_argument("--nvml-fixture", metavar="FILE", help="answer NVML from this JSON (tests)")
@@ -73,7 +93,23 @@ def _validate_fleet(args: argparse.Namespace) -> None:
     output_target("--html", args.html)
 
 
+def _validate_slurm(args: argparse.Namespace) -> None:
+    if args.slurm and args.prolog:
+        raise BadInput("--slurm and --prolog together: the health check or the prolog")
+    if not (args.slurm or args.prolog):
+        for option in ("cache", "cache_s"):
+            if getattr(args, option) is not None:
+                raise BadInput(f"--{option.replace('_', '-')} needs --slurm or --prolog")
+        return
+    if args.cache_s is not None and not args.prolog:
+        raise BadInput("--cache-s is the prolog's: it needs --prolog")
+    for option in ("inventory", "clear", "json", "prometheus"):
+        if getattr(args, option):
+            raise BadInput(f"--{option} does not go with --slurm/--prolog")
+
+
 def _validate(args: argparse.Namespace) -> None:
+    _validate_slurm(args)
     if args.inventory:
         _validate_fleet(args)
         return
@@ -193,9 +229,28 @@ def handler(args: argparse.Namespace) -> int:
         print(f"cleared {len(ids)} finding(s) by {_who()} at {when}: {', '.join(ids) or '-'}")
         return 0
 
+    if args.slurm or args.prolog:
+        return _slurm(args, thresholds, state, state_path)
+
+    from gpuenv.report import health as render
+
+    report = _scan(args, thresholds, state)
+    if state_path:
+        history.save(state_path, report.state)
+    if args.json == "-":
+        sys.stdout.write(render.to_json(report))
+    else:
+        if args.json:
+            history.write_atomic(args.json, render.to_json(report))
+        render.console(report, args.fail_on, args.verbose)
+    if args.prometheus:
+        history.write_atomic(args.prometheus, render.prometheus(report))
+    return 1 if report.failing(args.fail_on) else 0
+
+
+def _scan(args: argparse.Namespace, thresholds: Any, state: Any) -> Any:
     from gpuenv.health.nvml import FakeNvml, PynvmlNvml
     from gpuenv.health.scan import scan
-    from gpuenv.report import health as render
 
     if args.nvml_fixture:
         nvml: Any = FakeNvml.from_file(args.nvml_fixture)
@@ -216,14 +271,46 @@ def handler(args: argparse.Namespace) -> int:
         merged = dcgm.diagnose(args.dcgm, proc.command_output)
         report.findings += merged.findings
         report.skipped += merged.skipped
-    if state_path:
-        history.save(state_path, report.state)
-    if args.json == "-":
-        sys.stdout.write(render.to_json(report))
-    else:
-        if args.json:
-            history.write_atomic(args.json, render.to_json(report))
-        render.console(report, args.fail_on, args.verbose)
-    if args.prometheus:
-        history.write_atomic(args.prometheus, render.prometheus(report))
-    return 1 if report.failing(args.fail_on) else 0
+    return report
+
+
+def _slurm(args: argparse.Namespace, thresholds: Any, state: Any, state_path: str | None) -> int:
+    """--slurm and --prolog (docs/slurm.md). Exit 0 healthy, 1 not (or the scan failed: never a
+    pass), 3 when slurmctld could not be told (the HealthCheckProgram wrapper then drains)."""
+    from gpuenv import proc
+    from gpuenv.health import history, slurm
+
+    cache = args.cache or slurm.CACHE_FILE
+    if args.prolog:
+        usable, problem = slurm.cached_verdict(
+            cache, args.cache_s if args.cache_s is not None else slurm.CACHE_S, time.time()
+        )
+        if usable:
+            print(f"cached verdict: {problem or 'healthy'}")
+            return 0 if problem is None else 1
+    try:
+        report = _scan(args, thresholds, state)
+        problem = slurm.problem_of(report, args.fail_on)
+        if state_path:
+            history.save(state_path, report.state)
+    # Fail-closed: whatever stopped the scan (a crash, a missing reader) drains the node, named.
+    except Exception as exc:
+        problem = slurm.scan_failed(f"{type(exc).__name__}: {exc}")
+    slurm.write_verdict(cache, problem, time.time())
+    if args.prolog:
+        print(problem or "healthy")
+        return 0 if problem is None else 1
+    node = args.node or os.environ.get("SLURMD_NODENAME") or _short_host()
+    try:
+        decision = slurm.enforce(node, problem, proc.command_output)
+    except (RuntimeError, ValueError) as exc:
+        print(f"{node}: {problem or 'healthy'}; Slurm not told: {exc}", file=sys.stderr)
+        return 3
+    print(f"{node}: {decision.verb}: {decision.why}")
+    return 0 if problem is None else 1
+
+
+def _short_host() -> str:
+    import socket
+
+    return socket.gethostname().split(".")[0]

@@ -1,0 +1,188 @@
+"""The health scan's verdict in Slurm (docs/slurm.md): drain a node whose scan finds a fault, with
+a reason that starts ``gpuenv:``, and resume only nodes gpuenv itself drained.
+
+Reason-owned: a drain whose reason does not start with ``gpuenv:`` is someone else's (an
+administrator's, slurmd's "Prolog error") and is never lifted nor overwritten here. Fail-closed:
+a scan that could not run is a problem like a fault ("gpuenv: health scan failed: ..."). Every
+slurmctld call is ``scontrol`` through the injected ``run`` (the node floor's contract: exit status
+and stdout under a deadline; gpuenv.proc.command_output on a node).
+
+The prolog's quick check reads the last verdict from a small cache file instead of scanning and
+never calls slurmctld: a fresh healthy verdict passes, anything else (stale, missing, unhealthy,
+unreadable) makes it scan or fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuenv.health.findings import Finding, HealthReport, rank
+
+Run = Callable[..., tuple[int, str]]
+
+PREFIX = "gpuenv:"
+REASON_MAX = 200  # characters of a drain reason; sinfo -R shows the start, scontrol the whole
+SCONTROL_DEADLINE_S = 20.0  # one scontrol call (slurmctld answers in well under a second)
+CACHE_S = 300.0  # how long the prolog trusts the last healthy verdict
+CACHE_FILE = "/run/gpuenv/health-verdict.json"
+
+DRAIN = "drain"
+RESUME = "resume"
+KEEP = "keep"
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What slurmctld says of one node: its state flags and its reason ("" when none)."""
+
+    name: str
+    state: str  # e.g. IDLE, IDLE+DRAIN, DOWN+DRAIN, MIXED
+    reason: str
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.state.upper().split("+")
+
+    @property
+    def ours(self) -> bool:
+        return self.reason.startswith(PREFIX)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verb: str  # DRAIN, RESUME or KEEP
+    reason: str  # the reason to set (DRAIN), else ""
+    why: str  # in words, for the log
+
+
+_STATE = re.compile(r"(?:^|\s)State=(\S+)")
+_STAMP = re.compile(r"^(.*?)\s+\[[^\]\s]+@[^\]\s]+\]")  # "text [root@2026-12-01T00:10:00]"
+
+
+def parse_node(name: str, text: str) -> NodeState:
+    """One node of `scontrol show node -o NAME`. Reason= runs to the end of the line (its text
+    has spaces) but for the "[user@time]" slurmctld appends."""
+    state = _STATE.search(text)
+    if state is None:
+        raise ValueError(f"scontrol show node {name}: no State= in {text.strip()[:120]!r}")
+    reason = ""
+    at = text.find(" Reason=")
+    if at >= 0:
+        rest = text[at + len(" Reason=") :].strip()
+        stamp = _STAMP.match(rest)
+        reason = stamp.group(1) if stamp else rest
+    return NodeState(name=name, state=state.group(1), reason=reason.strip())
+
+
+def read_node(name: str, run: Run) -> NodeState:
+    rc, out = run(["scontrol", "show", "node", "-o", name], SCONTROL_DEADLINE_S)
+    if rc != 0:
+        raise RuntimeError(f"scontrol show node {name}: {_exit_words(rc)}")
+    return parse_node(name, out)
+
+
+def _exit_words(rc: int) -> str:
+    if rc == 124:
+        return f"no answer within {SCONTROL_DEADLINE_S:g} s"
+    if rc == 127:
+        return "scontrol not found"
+    return f"exit {rc}"
+
+
+def reason_of(finding: Finding) -> str:
+    """The drain reason for a finding: what and where, then the evidence, cut to REASON_MAX."""
+    where = f" gpu{finding.gpu}" if finding.gpu is not None else ""
+    subject = f" {finding.subject}" if finding.subject else ""
+    return _clip(f"{PREFIX} {finding.signal}{where}{subject}: {finding.evidence}")
+
+
+def scan_failed(what: str) -> str:
+    return _clip(f"{PREFIX} health scan failed: {what}")
+
+
+def _clip(text: str) -> str:
+    # One line: slurmctld keeps the reason as given and sinfo prints it on one.
+    flat = " ".join(text.split())
+    return flat if len(flat) <= REASON_MAX else flat[: REASON_MAX - 3] + "..."
+
+
+def problem_of(report: HealthReport, fail_on: str) -> str | None:
+    """The drain reason of the report's top finding at or above ``fail_on``; None when healthy.
+    Ties keep the scan's order."""
+    failing = report.failing(fail_on)
+    if not failing:
+        return None
+    top = max(failing, key=lambda f: rank(f.action))
+    more = len(failing) - 1
+    reason = reason_of(top)
+    return _clip(f"{reason} (+{more} more)") if more and len(reason) < REASON_MAX - 12 else reason
+
+
+def decide(node: NodeState, problem: str | None) -> Decision:
+    """What to do with ``node`` given the scan's ``problem`` (a reason, None when healthy)."""
+    if problem is not None:
+        if node.drained and not node.ours:
+            return Decision(KEEP, "", f"drained by someone else ({node.reason or 'no reason'})")
+        if node.drained and node.reason == problem:
+            return Decision(KEEP, "", "already drained for this")
+        return Decision(DRAIN, problem, "unhealthy")
+    if node.drained and node.ours:
+        return Decision(RESUME, "", f"healthy again (was: {node.reason})")
+    if node.drained:
+        return Decision(KEEP, "", f"healthy, but drained by someone else ({node.reason or '-'})")
+    return Decision(KEEP, "", "healthy")
+
+
+def apply(name: str, decision: Decision, run: Run) -> None:
+    if decision.verb == KEEP:
+        return
+    argv = ["scontrol", "update", f"nodename={name}"]
+    if decision.verb == DRAIN:
+        argv += ["state=drain", f"reason={decision.reason}"]
+    else:
+        argv += ["state=resume"]
+    rc, _ = run(argv, SCONTROL_DEADLINE_S)
+    if rc != 0:
+        raise RuntimeError(
+            f"scontrol update nodename={name} state={decision.verb}: {_exit_words(rc)}"
+        )
+
+
+def enforce(name: str, problem: str | None, run: Run) -> Decision:
+    """Read the node, decide, act. A node slurmctld does not answer for raises RuntimeError."""
+    decision = decide(read_node(name, run), problem)
+    apply(name, decision, run)
+    return decision
+
+
+# The prolog's cache: the last verdict, written by every scan of --slurm or --prolog.
+
+
+def write_verdict(path: str, problem: str | None, at_unix: float) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"at_unix": at_unix, "problem": problem}), encoding="utf-8")
+    tmp.chmod(0o644)
+    tmp.replace(target)
+
+
+def cached_verdict(path: str, max_age_s: float, now_unix: float) -> tuple[bool, str | None]:
+    """(usable, problem): usable only when the file is there, readable, and younger than
+    ``max_age_s``; a verdict from the future (clock stepped back) is not usable."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        at_unix = float(data["at_unix"])
+        problem = data["problem"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False, None
+    if problem is not None and not isinstance(problem, str):
+        return False, None
+    if not 0 <= now_unix - at_unix <= max_age_s:
+        return False, None
+    return True, problem

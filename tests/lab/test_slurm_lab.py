@@ -1,0 +1,177 @@
+"""Against a running lab: the slurm stage makes the lab's first node the controller and the others
+compute nodes; `srun -N<n> hostname` reaches every compute node; a health fault fixture on the
+last node (read by the real scanner through --nvml-fixture/--kernel-log) drains it with a
+`gpuenv:` reason, clearing it resumes it, and an administrator's drain on another node stays
+through a healthy scan. The stage is idempotent and check mode reports no change.
+
+Opt-in, because it needs docker and a lab whose env stage ran (the venv with gpuenv in it; the
+health check drains a node without it, by design):
+
+    gpuenv lab up --nodes 3 --name slm --distro bookworm
+    ansible-playbook -i inventory/lab-slm/hosts.yml playbooks/sources.yml playbooks/env.yml \
+        -e '{"gpu_env_packages": [], "gpu_env_build_tools": false}'
+    GPUENV_LAB=slm python -m pytest -q -s tests/lab/test_slurm_lab.py
+
+Lab containers share the host's cgroup tree (--cgroupns=host): the test sets slurm_cgroup=false
+(proctrack/linuxproc, task/none), so device confinement is not tested here (docs/slurm.md).
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuenv.health.nvml import patch_gpus
+
+LAB = os.environ.get("GPUENV_LAB", "")
+pytestmark = pytest.mark.skipif(
+    not LAB, reason="opt-in: set GPUENV_LAB to a running lab whose env stage ran"
+)
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = ROOT / f"inventory/lab-{LAB}/hosts.yml"
+GPUENV = [sys.executable, "-m", "gpuenv"]
+FIXTURES = ROOT / "tests" / "fixtures" / "health"
+FAULT_DIR = "/etc/gpuenv/lab-fault"
+HEALTH = "/usr/local/sbin/gpuenv-slurm-health"
+ADMIN_REASON = "admin: lab maintenance"
+
+
+def names():
+    data = yaml.safe_load(INVENTORY.read_text())
+    return sorted(data["all"]["children"]["gpu_nodes"]["hosts"])
+
+
+def on_node(name, command, data=None, check=True):
+    done = subprocess.run(
+        [*GPUENV, "lab", "ssh", "--name", LAB, name, f"sudo bash -c {shlex.quote(command)}"],
+        input=data, capture_output=True, check=False, timeout=180,
+    )  # fmt: skip
+    if check:
+        assert done.returncode == 0, (name, command, done.stdout, done.stderr)
+    return done.returncode, done.stdout.decode()
+
+
+def playbook(extra_inventory, *args):
+    started_at = time.monotonic()
+    done = subprocess.run(
+        ["ansible-playbook", "-i", str(INVENTORY), "-i", str(extra_inventory),
+         str(ROOT / "playbooks" / "slurm.yml"), *args],
+        capture_output=True, text=True, check=False, cwd=ROOT, timeout=1500,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    recap = done.stdout[done.stdout.rindex("PLAY RECAP") :]
+    changed = {
+        line.split()[0]: int(line.split("changed=")[1].split()[0])
+        for line in recap.splitlines()
+        if "changed=" in line
+    }
+    return changed, time.monotonic() - started_at
+
+
+def write_inventory(path, nodes, fault_node=None):
+    data = {
+        "all": {
+            "vars": {"slurm_cgroup": False, "slurm_health_interval_s": 3600},
+            "children": {
+                "slurm_controller": {"hosts": {nodes[0]: {}}},
+                "slurm_compute": {"hosts": {n: {} for n in nodes[1:]}},
+            },
+        }
+    }
+    if fault_node:
+        args = [
+            "--nvml-fixture",
+            f"{FAULT_DIR}/nvml.json",
+            "--kernel-log",
+            f"{FAULT_DIR}/kernel.log",
+        ]
+        # Xid 79's action is reboot (the catalogue's RESTART_BM), below the default drain line.
+        data["all"]["hosts"] = {
+            fault_node: {"slurm_health_extra_args": args, "slurm_health_fail_on": "reboot"}
+        }
+    path.write_text(yaml.safe_dump(data))
+
+
+def node_state(controller, node):
+    _, out = on_node(controller, f"scontrol show node -o {node}")
+    state = out.split(" State=")[1].split()[0]
+    reason = out.split(" Reason=")[1].rsplit(" [", 1)[0].strip() if " Reason=" in out else ""
+    return state, reason
+
+
+def wait_for(what, probe, timeout_s=120.0):
+    started_at = time.monotonic()
+    while True:
+        got = probe()
+        if got:
+            return got, time.monotonic() - started_at
+        assert time.monotonic() - started_at < timeout_s, f"{what}: not within {timeout_s} s"
+        time.sleep(2)
+
+
+def test_slurm_runs_jobs_and_gpuenv_owns_its_drains(tmp_path):
+    nodes = names()
+    controller, computes = nodes[0], nodes[1:]
+    faulty, administered = computes[-1], computes[0]
+    extra = tmp_path / "slurm.yml"
+    write_inventory(extra, nodes)
+
+    changed, converge_s = playbook(extra)
+    print(f"\nconverge: {converge_s:.1f} s, changed {changed}")
+    again, again_s = playbook(extra)
+    print(f"second run: {again_s:.1f} s, changed {again}")
+    assert set(again.values()) == {0}, again
+    checked, check_s = playbook(extra, "--check")
+    print(f"check mode: {check_s:.1f} s, changed {checked}")
+    assert set(checked.values()) == {0}, checked
+
+    for name in nodes:
+        _, out = on_node(name, "systemctl is-active munge slurmd slurmctld || true")
+        print(f"{name}: munge/slurmd/slurmctld {out.split()}")
+    on_node(controller, f"scontrol update nodename={','.join(computes)} state=resume", check=False)
+    started_at = time.monotonic()
+    _, out = on_node(controller, f"sudo -u admin timeout 150 srun -N{len(computes)} hostname")
+    print(f"srun -N{len(computes)} hostname: {time.monotonic() - started_at:.1f} s: {out.split()}")
+    assert sorted(out.split()) == sorted(computes)
+
+    # The fault: the recorded 8-GPU node with GPU 3 gone and its Xid 79 (the real scanner).
+    base = json.loads((FIXTURES / "_base" / "hgx8" / "nvml.json").read_text())
+    nvml = json.dumps(patch_gpus(base, {"3": {"remove": True}}))
+    log = (FIXTURES / "xid79-fallen-off-bus" / "kernel.log").read_text()
+    on_node(faulty, f"mkdir -p {FAULT_DIR} && cat > {FAULT_DIR}/nvml.json", data=nvml.encode())
+    on_node(faulty, f"cat > {FAULT_DIR}/kernel.log", data=log.encode())
+    write_inventory(extra, nodes, fault_node=faulty)
+    playbook(extra)
+    rc, out = on_node(faulty, HEALTH, check=False)
+    print(f"health check on {faulty}: exit {rc}: {out.strip()}")
+    state, reason = node_state(controller, faulty)
+    print(f"{faulty}: {state} {reason!r}")
+    assert "DRAIN" in state and reason.startswith("gpuenv: "), (state, reason)
+
+    # An administrator's drain on another node stays through its healthy scan.
+    on_node(
+        controller, f"scontrol update nodename={administered} state=drain reason='{ADMIN_REASON}'"
+    )
+    rc, out = on_node(administered, HEALTH, check=False)
+    assert rc == 0, out
+    state, reason = node_state(controller, administered)
+    print(f"{administered} after a healthy scan: {state} {reason!r}")
+    assert "DRAIN" in state and reason == ADMIN_REASON, (state, reason)
+
+    # The fault cleared: the next scan resumes the node gpuenv drained.
+    write_inventory(extra, nodes)
+    playbook(extra)
+    on_node(faulty, f"rm -rf {FAULT_DIR}")
+    rc, out = on_node(faulty, HEALTH, check=False)
+    assert rc == 0, out
+    (state, reason), resumed_s = wait_for(
+        "the resume", lambda: (s := node_state(controller, faulty)) and "DRAIN" not in s[0] and s
+    )
+    print(f"{faulty} resumed: {state} {reason!r} after {resumed_s:.1f} s")
+    on_node(controller, f"scontrol update nodename={administered} state=resume")
