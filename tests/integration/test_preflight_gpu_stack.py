@@ -192,6 +192,12 @@ CASES: dict[str, Case] = {
         {**GOOD_TRIXIE, "gpu_env_build_tools": "sometimes"},
         ("gpu_env_build_tools", "bool"),
     ),
+    # A list variable given a mapping is named by the argument spec, not left to a template error.
+    "find-links-mapping": Case(
+        TRIXIE,
+        {**GOOD_TRIXIE, "gpu_env_pip_find_links": {"url": "https://wheels.example/"}},
+        ("gpu_env_pip_find_links", "list"),
+    ),
     # The site cache stage does not run (no cache host), its variables are checked all the same.
     "cache-port-without-cache-host": Case(
         TRIXIE,
