@@ -67,3 +67,23 @@ def wait_port(container_ip: str, port: int, deadline_s: float = 30) -> None:
             if time.monotonic() > end:
                 raise
             time.sleep(0.3)
+
+
+def run_playbook(
+    inventories: list[Path], playbook: Path, *args: str, timeout_s: float = 900
+) -> tuple[dict[str, int], float]:
+    """ansible-playbook from the checkout; asserts it succeeded, returns changed= per host from
+    the recap and the seconds it took."""
+    started_at = time.monotonic()
+    argv = ["ansible-playbook", *(a for i in inventories for a in ("-i", str(i))), str(playbook)]
+    done = subprocess.run(
+        [*argv, *args], capture_output=True, text=True, check=False, cwd=ROOT, timeout=timeout_s
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    recap = done.stdout[done.stdout.rindex("PLAY RECAP") :]
+    changed = {
+        line.split()[0]: int(line.split("changed=")[1].split()[0])
+        for line in recap.splitlines()
+        if "changed=" in line
+    }
+    return changed, time.monotonic() - started_at

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from labnet import run_playbook
 
 from gpuenv.health.nvml import patch_gpus
 
@@ -70,20 +71,9 @@ def copy_to(name, folder, remote):
 
 
 def playbook(extra_inventory, *args):
-    started_at = time.monotonic()
-    done = subprocess.run(
-        ["ansible-playbook", "-i", str(INVENTORY), "-i", str(extra_inventory),
-         str(ROOT / "playbooks" / "monitoring.yml"), *args],
-        capture_output=True, text=True, check=False, cwd=ROOT, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    recap = done.stdout[done.stdout.rindex("PLAY RECAP") :]
-    changed = {
-        line.split()[0]: int(line.split("changed=")[1].split()[0])
-        for line in recap.splitlines()
-        if "changed=" in line
-    }
-    return changed, time.monotonic() - started_at
+    return run_playbook(
+        [INVENTORY, extra_inventory], ROOT / "playbooks" / "monitoring.yml", *args, timeout_s=900
+    )
 
 
 def api(address, path, **params):
