@@ -141,9 +141,10 @@ def test_tarball_holds_the_collection_and_nothing_else(installed: Installed) -> 
     # Nothing of the Python package: the shared tables live in plugins/module_utils.
     assert "gpuenv" not in tops
     assert "plugins/module_utils/sources.py" in names
-    # About 190 KB of roles, plugins and docs plus the gpuenv wheel (about 260 KB, compressed
-    # already): the bound catches a stray venv, cache or a second wheel, not the wheel itself.
-    assert installed.tarball.stat().st_size < 600_000
+    # About 270 KB of roles, plugins and docs plus the gpuenv wheel (about 370 KB, compressed
+    # already; 641 KB in all on 2026-12-02): the bound catches a stray venv, cache or a second
+    # wheel (each would pass it), not the next role's few kilobytes.
+    assert installed.tarball.stat().st_size < 900_000
 
 
 def test_declared_collections_install_offline_from_the_ansible_package(installed: Installed):
