@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
-from gpuenv import proc
+from gpuenv import bytecode, proc
 from gpuenv.checks import ranklog
 from gpuenv.checks.base import Check, Context, LaunchedCheck, NodeInfo, Placement, ProbeCheck
 from gpuenv.progress import Progress, Silent
@@ -59,6 +59,8 @@ class _Session:
     progress: Progress
     results: dict[str, Result] = field(default_factory=dict)
     launches: list[proc.Launch] = field(default_factory=list)
+    # torch compiled from source in every child (gpuenv.bytecode): they get a bytecode cache
+    pyc: bytecode.Reading | None = None
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
@@ -67,7 +69,7 @@ class _Session:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         env.update(extra or {})
-        return env
+        return bytecode.child_env(env, self.pyc)
 
     def start(self, argv: list[str], name: str, extra: Mapping[str, str]) -> proc.Launch:
         # In the run's own folder: the caller's may not be readable (a sudo'ed user in another
@@ -138,7 +140,7 @@ def run_checks(
     if unknown:
         raise ValueError(f"unknown check(s): {', '.join(unknown)}")
     workdir = Path(tempfile.mkdtemp(prefix="gpuenv-check-"))
-    session = _Session(ctx, registry, workdir, progress or Silent())
+    session = _Session(ctx, registry, workdir, progress or Silent(), pyc=bytecode.read())
     try:
         node = _run(session, [n for n in registry if n in names])
     finally:
@@ -181,6 +183,8 @@ def _probe(session: _Session, names: Sequence[str], check: ProbeCheck) -> NodeIn
     else:
         node = check.node_info(payload, None)
         result = _judge(check, ctx, node, {0: payload}, 1)
+        if session.pyc is not None and session.pyc.compiles_every_time:
+            result.reason += f"; note: {session.pyc.describe()}"
     result.duration_s = time.monotonic() - began_at
     if wanted:
         session.done(result)

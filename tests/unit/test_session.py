@@ -199,3 +199,22 @@ def test_the_engine_is_handed_its_registry():
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert "REGISTRY" not in names | imported
+
+
+def test_a_python_that_compiles_torch_every_time_is_named_and_its_ranks_get_a_cache(
+    monkeypatch, tmp_path
+):
+    from gpuenv import bytecode
+    from gpuenv.checks import session as session_mod
+
+    reading = bytecode.Reading(
+        "torch", "/site/torch/__init__.py", False, "PYTHONDONTWRITEBYTECODE=1"
+    )
+    monkeypatch.setattr(session_mod.bytecode, "read", lambda: reading)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    results, _, _ = _run(["probe", "launched"])
+    assert results["probe"].status is Status.PASS
+    assert "note: Python compiles torch in every process" in results["probe"].reason
+    assert results["launched"].status is Status.PASS  # ranks run from the private cache
+    # the children wrote their bytecode there (the prefix reached them)
+    assert any((tmp_path / "gpuenv" / "pycache").rglob("*.pyc"))
