@@ -20,6 +20,7 @@ import re
 from gpuenv.doctor import pci
 from gpuenv.doctor.findings import ClassReading, Finding, skipped
 from gpuenv.doctor.system import System
+from gpuenv.floor import fabric as floor_fabric
 from gpuenv.floor import pci as floor_pci
 
 _HEADER_RE = re.compile(r"^([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) (.*)$")
@@ -85,16 +86,7 @@ def path_bridges(devices: list[pci.Device]) -> dict[str, list[str]]:
     for a, b in itertools.combinations(devices, 2):
         if not (a.is_gpu or b.is_gpu):
             continue
-        shared = 0
-        for x, y in zip(a.bridges, b.bridges, strict=False):
-            if x != y:
-                break
-            shared += 1
-        if shared == 0:
-            continue  # the paths meet in the root complex: the traffic goes up anyway
-        # Below the last shared bridge (a switch's upstream port) the ports forward between
-        # each other; ACS redirect there is what sends the traffic up instead.
-        below = {*a.bridges[shared:], *b.bridges[shared:]}
+        below = floor_fabric.path_bridges(a.bridges, b.bridges)
         for bridge in below:
             crossing.setdefault(bridge, []).append(f"{a.bdf}<->{b.bdf}")
     return crossing

@@ -281,11 +281,14 @@ def relation(gpu: Gpu, port: RdmaPort, single_numa: bool) -> str:
 
 
 def path_bridges(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
-    """The bridges traffic between two devices crosses: from the lowest one they share down to
-    each (both whole paths when they share none)."""
+    """The bridges whose ACS settings decide the peer-to-peer path between two devices: those
+    below the last bridge both paths share (a switch's upstream port forwards between its
+    downstream ports; ACS redirect on those ports sends the traffic up instead). Devices that
+    share no bridge meet in the root complex, where their traffic goes anyway: none."""
     shared = _shared(a, b)
-    start = max(shared - 1, 0)
-    return tuple(dict.fromkeys(a[start:] + b[start:]))
+    if shared == 0:
+        return ()
+    return tuple(dict.fromkeys(a[shared:] + b[shared:]))
 
 
 def _affinity(root: str, gpus: tuple[Gpu, ...], found: tuple[RdmaPort, ...]) -> tuple:

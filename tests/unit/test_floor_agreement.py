@@ -103,3 +103,24 @@ def test_they_agree_when_secure_boot_is_off(node):
     module, doctor, _ = three_readings(node)
     assert module["secure_boot"] is False
     assert doctor[4].facts["secure_boot"] is False
+
+
+def test_one_acs_path_rule_for_the_fabric_reader_and_the_doctor():
+    """The bridges whose ACS matters lie below the last bridge both paths share; devices under
+    different root ports share none (their traffic goes up anyway). The doctor asks the floor."""
+    from gpuenv.doctor import acs
+    from gpuenv.floor import fabric
+    from gpuenv.floor.pci import Device
+
+    root, up, down1, down2 = "0000:00:01.0", "0000:01:00.0", "0000:02:00.0", "0000:02:01.0"
+    gpu = (root, up, down1)
+    nic = (root, up, down2)
+    assert fabric.path_bridges(gpu, nic) == (down1, down2)
+    assert fabric.path_bridges(gpu, ("0000:00:02.0", "0000:05:00.0")) == ()
+    # the switch's upstream port (often without an ACS capability) is not on the path
+    assert up not in fabric.path_bridges(gpu, nic)
+    devices = [
+        Device("0000:03:00.0", 0x10DE, 0x2335, 0x030200, gpu, "nvidia"),
+        Device("0000:04:00.0", 0x15B3, 0x1021, 0x020000, nic, "mlx5_core"),
+    ]
+    assert set(acs.path_bridges(devices)) == {down1, down2}
