@@ -10,6 +10,8 @@ one whose needs are met and records why the others did not run. In order:
 2. check: ``gpuenv check --json -`` on every node at once; each node's run report is merged,
    its verdict included.
 3. consistency: all nodes must agree on driver, CUDA, NCCL, Open MPI, Python stack, GPUs, NCCL env.
+3b. slurm: where Slurm is (``--launcher srun``, or srun on a node): ``srun -N <all> hostname``,
+   and a job asking for N GPUs sees exactly N (gpuenv.cluster.slurm).
 4. rendezvous: the master port is reachable from every node; socket interfaces exist.
 5. torch: ``torchrun`` across all nodes (c10d): all-reduce values (``allreduce``), bandwidth
    against a floor (``busbw``) and the transport NCCL used, and DDP (``ddp``).
@@ -23,6 +25,10 @@ one whose needs are met and records why the others did not run. In order:
    dask.distributed cluster across the nodes, the scheduler on the first, one worker per GPU,
    computing the seed documents' ``(x + x.T).mean(axis=0)`` on CuPy blocks (numpy blocks on
    CPU-only nodes), verified against numpy, and nothing left running on any node.
+
+With ``--launcher srun`` (``Options.slurm``), the multi-node launches (torch, pairs, dask, mpi) go
+through ``State.launch``: one srun on the Slurm submit host whose tasks run the same per-node
+commands, answered per node (gpuenv.cluster.slurm).
 
 Every command on a node runs in a login shell as the cluster user, with plain ``python3``,
 ``torchrun`` and ``mpirun`` as a user types them (gpuenv.cluster.launch). The stages run and
