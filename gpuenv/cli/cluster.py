@@ -114,7 +114,7 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="STAGES",
-        help="comma-separated stages to leave out: health, check, consistency, rendezvous,"
+        help="comma-separated stages to leave out: health, check, consistency, slurm, rendezvous,"
         " torch, mpi, pairs, dask (docs/cluster.md)",
     )
     p.add_argument(
@@ -148,6 +148,18 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="do not require GPUDirect RDMA where GPUs talk over InfiniBand/RoCE (default: the"
         " thresholds' fabric.gdr_required, true)",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=("ssh", "srun"),
+        default="ssh",
+        help="how the multi-node runs start: ssh (each node over SSH, default) or srun (one srun"
+        " per run on the Slurm submit host, inside an allocation; docs/slurm.md)",
+    )
+    p.add_argument(
+        "--slurm-host",
+        metavar="HOST",
+        help="the inventory host that runs srun (default: the slurm_controller group's host)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=handler)
@@ -187,6 +199,8 @@ def _stage_names() -> tuple[str, ...]:
 
 def handler(args: argparse.Namespace) -> int:
     _names("--skip", args.skip, _stage_names())
+    if args.slurm_host and args.launcher != "srun":
+        raise BadInput("--slurm-host goes with --launcher srun")
     if not 1024 <= args.port <= 65000:
         raise BadInput(f"--port {args.port}: expected 1024..65000")
     if args.matrix_max_nodes < 0:
@@ -231,6 +245,7 @@ def handler(args: argparse.Namespace) -> int:
     hosts = inventory.load(args.inventory, args.limit)  # BadInput before anything is launched
     out = Console(stderr=args.json == "-")
     out.print(f"gpuenv cluster: {len(hosts)} node(s): {', '.join(h.name for h in hosts)}")
+    slurm = _slurm(args, hosts)  # --launcher srun: BadInput before anything is launched
     opts = pipeline.Options(
         check_args=["--profile", args.profile, *check_args],
         deadline_s=args.deadline,
@@ -246,10 +261,29 @@ def handler(args: argparse.Namespace) -> int:
         stages=stages,
         gdr_required=False if args.no_gdr_required else bool(thresholds["fabric"]["gdr_required"]),
         pair_efficiency=float(thresholds["fabric"]["pair_efficiency"]),
+        slurm=slurm,
     )
     report = _run(opts, hosts, args.profile, thresholds, out, not args.no_progress)
     _write_reports(report, args, out)
     return 0 if report.ok else 1
+
+
+def _slurm(args: argparse.Namespace, hosts: list[Any]) -> Any:
+    """The Slurm the srun launcher goes through (None for ssh): its submit host from
+    --slurm-host or the slurm_controller group, every host matched to a Slurm node."""
+    from gpuenv.cluster import inventory, slurm
+
+    if args.launcher != "srun":
+        return None
+    where = args.slurm_host or slurm.SUBMIT_GROUP
+    try:
+        group = inventory.load(args.inventory, where)
+    except BadInput as exc:
+        if args.slurm_host:
+            raise BadInput(f"--slurm-host {args.slurm_host}: {exc}") from exc
+        group = []
+    submit = slurm.submit_host(hosts, args.slurm_host, group)
+    return slurm.connect(submit, hosts)
 
 
 def _run(

@@ -10,6 +10,8 @@ one whose needs are met and records why the others did not run. In order:
 2. check: ``gpuenv check --json -`` on every node at once; each node's run report is merged,
    its verdict included.
 3. consistency: all nodes must agree on driver, CUDA, NCCL, Open MPI, Python stack, GPUs, NCCL env.
+3b. slurm: where Slurm is (``--launcher srun``, or srun on a node): ``srun -N <all> hostname``,
+   and a job asking for N GPUs sees exactly N (gpuenv.cluster.slurm).
 4. rendezvous: the master port is reachable from every node; socket interfaces exist.
 5. torch: ``torchrun`` across all nodes (c10d): all-reduce values (``allreduce``), bandwidth
    against a floor (``busbw``) and the transport NCCL used, and DDP (``ddp``).
@@ -23,6 +25,10 @@ one whose needs are met and records why the others did not run. In order:
    dask.distributed cluster across the nodes, the scheduler on the first, one worker per GPU,
    computing the seed documents' ``(x + x.T).mean(axis=0)`` on CuPy blocks (numpy blocks on
    CPU-only nodes), verified against numpy, and nothing left running on any node.
+
+With ``--launcher srun`` (``Options.slurm``), the multi-node launches (torch, pairs, dask, mpi) go
+through ``State.launch``: one srun on the Slurm submit host whose tasks run the same per-node
+commands, answered per node (gpuenv.cluster.slurm).
 
 Every command on a node runs in a login shell as the cluster user, with plain ``python3``,
 ``torchrun`` and ``mpirun`` as a user types them (gpuenv.cluster.launch). The stages run and
@@ -42,6 +48,7 @@ from gpuenv.checks import ddp as ddp_check
 from gpuenv.checks import fabric as fabric_check
 from gpuenv.checks import nccl_log
 from gpuenv.cluster import consistency, judge, launch, pairs, preflight
+from gpuenv.cluster import slurm as slurm_launch
 from gpuenv.cluster.defaults import (
     DEADLINE_S,
     ITERS,
@@ -55,6 +62,7 @@ from gpuenv.cluster.defaults import (
 )
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
+from gpuenv.errors import GpuenvError
 from gpuenv.floor import login_env, net
 from gpuenv.health import fleet as health
 from gpuenv.progress import Progress, Silent
@@ -91,6 +99,8 @@ class Options:
     dask_size: tuple[int, int] = (4096, 1024)  # n and chunk of the dask stage's x (n x n)
     gdr_required: bool | None = None  # None: thresholds.yaml fabric.gdr_required
     pair_efficiency: float | None = None  # None: thresholds.yaml fabric.pair_efficiency
+    # --launcher srun: the multi-node launches are one srun each (gpuenv.cluster.slurm); None: ssh
+    slurm: slurm_launch.Slurm | None = None
     progress: Progress = field(default_factory=Silent)
 
 
@@ -115,15 +125,35 @@ class State:
         label: str,
         deadline_s: float | None = None,
         stop_others: Callable[[Host], str] | None = None,
+        quiet: bool = False,
     ) -> dict[str, NodeAnswer]:
         return fan_out(
             hosts,
             command,
             self.opts.deadline_s if deadline_s is None else deadline_s,
             label=label,
-            progress=self.opts.progress,
+            progress=None if quiet else self.opts.progress,
             stop_others=stop_others,
         )
+
+    def launch(
+        self,
+        hosts: Sequence[Host],
+        command: Callable[[Host], str],
+        label: str,
+        deadline_s: float | None = None,
+        stop_others: Callable[[Host], str] | None = None,
+        quiet: bool = False,
+    ) -> dict[str, NodeAnswer]:
+        """A multi-node launch: ``fan_out`` over SSH, or one srun whose tasks run the same
+        per-node commands (--launcher srun), answered per node the same way."""
+        if self.opts.slurm is None:
+            return self.fan_out(hosts, command, label, deadline_s, stop_others, quiet)
+        deadline = self.opts.deadline_s if deadline_s is None else deadline_s
+        gpus = min((_gpus(h, self) for h in hosts), default=0)
+        return self.opts.slurm.launch(hosts, command, label, deadline,
+                                      stop_others=stop_others is not None, gpus=gpus,
+                                      progress=None if quiet else self.opts.progress)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -309,7 +339,7 @@ def torch_stage(state: State) -> None:
     began_at = time.monotonic()
     rid = launch.run_id("all")
     inner_s = opts.deadline_s - LAUNCH_MARGIN_S
-    outcomes = state.fan_out(
+    outcomes = state.launch(
         hosts,
         lambda h: launch.torchrun(h, master, len(hosts), opts.port, rid, nprocs[h.name],
                                   opts.sizes, opts.iters, opts.steps, inner_s),
@@ -371,7 +401,13 @@ def mpi_stage(state: State) -> None:
     hosts, opts = state.alive, state.opts
     master = hosts[0]
     cmd = launch.mpirun(master, hosts, 8 * MIB, opts.iters)
-    out = state.fan_out([master], lambda _h: cmd, "mpirun")[master.name]
+    if opts.slurm is not None:  # the ranks through Slurm (gpuenv.cluster.slurm.Slurm.mpi)
+        worker = [master.python, "-m", "gpuenv.cluster.worker", "mpi", f"--bytes={8 * MIB}",
+                  f"--iters={opts.iters}"]  # fmt: skip
+        cmd = opts.slurm.mpi_command(hosts, worker, opts.deadline_s)
+        out = opts.slurm.run_mpi(hosts, worker, opts.deadline_s)
+    else:
+        out = state.fan_out([master], lambda _h: cmd, "mpirun")[master.name]
     got = [p for p in launch.payloads(out) if p.get("kind") == "mpi"]
     if not out.ok or not got:
         why = out.why() if not out.ok else "no result from rank 0"
@@ -399,12 +435,13 @@ def pair_tester(
     def one_pair(a: str, b: str, port: int) -> float | None:
         rid = launch.run_id(f"{label}{counter[0]}-{port}")
         master = by_name[a]
-        outcomes = fan_out(
+        outcomes = state.launch(
             [by_name[a], by_name[b]],
             lambda h: launch.torchrun(h, master, 2, port, rid, 1, [opts.pair_bytes],
                                       opts.iters, 1, inner_s),
-            opts.deadline_s,
+            f"pair {a}-{b}",
             stop_others=lambda _h: launch.stop(rid),
+            quiet=True,
         )  # fmt: skip
         values = []
         for n in (a, b):
@@ -494,7 +531,7 @@ def dask_stage(state: State) -> None:
     port = opts.port + DASK_PORT_OFFSET
     inner_s = opts.deadline_s - LAUNCH_MARGIN_S
     began_at = time.monotonic()
-    outcomes = state.fan_out(
+    outcomes = state.launch(
         hosts,
         lambda h: launch.dask(h, master, port, rid, workers[h.name], gpus[h.name], total,
                               blocks, opts.dask_size, inner_s),
@@ -512,6 +549,38 @@ def dask_stage(state: State) -> None:
         answers, total, distinct, master.local, blocks, f"{master.name}:{port}",
         time.monotonic() - began_at,
     )))  # fmt: skip
+
+
+# ---------------------------------------------------------------- Slurm
+
+
+def slurm_stage(state: State) -> None:
+    """``srun -N <all> hostname`` and the GPU confinement of a job (gpuenv.cluster.slurm): through
+    the launcher's Slurm, else through the first node whose probe found srun; SKIP without."""
+    opts = state.opts
+    hostnames = {h.name: str(state.probes[h.name].get("hostname", "")) for h in state.alive}
+    found = opts.slurm
+    if found is None:
+        submit = next((h for h in state.alive if state.probes[h.name].get("slurm_srun")), None)
+        if submit is None:
+            state.add(judge.skip("slurm", "--launcher is ssh and no node has srun (no Slurm)"))
+            return
+        try:
+            found = slurm_launch.query(submit, opts.probe_deadline_s)
+        except GpuenvError as exc:
+            state.add(Result("slurm", CLUSTER_NODE, Status.FAIL, str(exc)))
+            return
+    missing = found.map_hosts(state.alive, hostnames)
+    hosts = [h for h in state.alive if h.name not in missing]
+    if not hosts:
+        state.add(judge.skip("slurm", f"no node of the run is a Slurm node on {found.submit.name}"
+                             f" (Slurm has {', '.join(sorted(found.nodes))})"))  # fmt: skip
+        return
+    gpus = {h.name: _gpus(h, state) for h in hosts}
+    results = slurm_launch.stage(found, hosts, gpus, opts.deadline_s, opts.progress)
+    if missing:
+        results[0].reason += f" (not Slurm nodes, left out: {', '.join(missing)})"
+    state.report.results.extend(results)
 
 
 # ---------------------------------------------------------------- the fabric
@@ -686,6 +755,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("health", health_stage),
     Stage("check", check_stage),
     Stage("consistency", consistency_stage),
+    Stage("slurm", slurm_stage),
     Stage("rendezvous", rendezvous_stage, multi_node=True),
     Stage("torch", torch_stage, multi_node=True, needs=("rendezvous",)),
     Stage("mpi", mpi_stage, multi_node=True, needs=("rendezvous",)),

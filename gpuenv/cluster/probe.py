@@ -159,6 +159,8 @@ def facts() -> dict[str, Any]:
         "python_executable": sys.executable,
         "interfaces": interfaces,
         "links": links(),
+        # Slurm's client in this login: the cluster's slurm stage runs where a node has it.
+        "slurm_srun": shutil.which("srun"),
         "facts": compared,
         # The job variables this login got from a login file that is not gpuenv's: a node whose
         # checks fail names them (pipeline.check_stage).

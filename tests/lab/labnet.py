@@ -87,3 +87,19 @@ def run_playbook(
         if "changed=" in line
     }
     return changed, time.monotonic() - started_at
+
+
+def converge_idempotent(
+    inventories: list[Path], playbook: Path, timeout_s: float = 900
+) -> dict[str, float]:
+    """Converge, then assert that a second run and check mode change nothing; prints and returns
+    the seconds each took."""
+    changed, converge_s = run_playbook(inventories, playbook, timeout_s=timeout_s)
+    print(f"\nconverge: {converge_s:.1f} s, changed {changed}")
+    again, again_s = run_playbook(inventories, playbook, timeout_s=timeout_s)
+    print(f"second run: {again_s:.1f} s, changed {again}")
+    assert set(again.values()) == {0}, again
+    checked, check_s = run_playbook(inventories, playbook, "--check", timeout_s=timeout_s)
+    print(f"check mode: {check_s:.1f} s, changed {checked}")
+    assert set(checked.values()) == {0}, checked
+    return {"converge_s": converge_s, "second_run_s": again_s, "check_s": check_s}

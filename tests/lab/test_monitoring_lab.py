@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labnet import run_playbook
+from labnet import converge_idempotent, run_playbook
 
 from gpuenv.health.nvml import patch_gpus
 
@@ -128,14 +128,7 @@ def test_prometheus_scrapes_every_node_and_a_fault_fires_its_alert(tmp_path):
     extra = tmp_path / "monitoring.yml"
     write_inventory(extra, names)
 
-    changed, converge_s = playbook(extra)
-    print(f"\nconverge: {converge_s:.1f} s, changed {changed}")
-    again, again_s = playbook(extra)
-    print(f"second run: {again_s:.1f} s, changed {again}")
-    assert set(again.values()) == {0}, again
-    checked, check_s = playbook(extra, "--check")
-    print(f"check mode: {check_s:.1f} s, changed {checked}")
-    assert set(checked.values()) == {0}, checked
+    converge_idempotent([INVENTORY, extra], ROOT / "playbooks" / "monitoring.yml")
 
     def every_node_scanned():
         result = api(prom, "/api/v1/query", query="gpuenv_health_worst_action")["result"]

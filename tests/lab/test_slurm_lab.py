@@ -1,19 +1,27 @@
-"""Against a running lab: the slurm stage makes the lab's first node the controller and the others
-compute nodes; `srun -N<n> hostname` reaches every compute node; a health fault fixture on the
-last node (read by the real scanner through --nvml-fixture/--kernel-log) drains it with a
-`gpuenv:` reason, clearing it resumes it, and an administrator's drain on another node stays
-through a healthy scan. The stage is idempotent and check mode reports no change.
+"""Against a running lab: the slurm stage makes the lab's first node the controller (the submit
+host) and the others compute nodes. The stage is idempotent and check mode reports no change;
+`srun -N<n> hostname` reaches every compute node; `srun -N<n> python3 -m mpi4py.bench helloworld`,
+run by the cluster user in an SSH login on the controller as users run it, starts one MPI rank per
+compute node (MpiDefault=pmix); `gpuenv cluster --launcher srun --profile cpu` over the compute
+nodes is OK; a health fault fixture on the last node (read by the real scanner through
+--nvml-fixture/--kernel-log) drains it with a `gpuenv:` reason, clearing it resumes it, and an
+administrator's drain on another node stays through a healthy scan.
 
-Opt-in, because it needs docker and a lab whose env stage ran (the venv with gpuenv in it; the
-health check drains a node without it, by design):
+Opt-in, because it needs docker and a lab with the cluster user, Open MPI and the cluster venv
+(mpi4py, gpuenv, the CPU torch from the lab's wheelhouse; the health check drains a node without
+gpuenv, by design):
 
-    gpuenv lab up --nodes 3 --name slm --distro bookworm
-    ansible-playbook -i inventory/lab-slm/hosts.yml playbooks/sources.yml playbooks/env.yml \
-        -e '{"gpu_env_packages": [], "gpu_env_build_tools": false}'
-    GPUENV_LAB=slm python -m pytest -q -s tests/lab/test_slurm_lab.py
+    gpuenv lab up --nodes 4 --name srun --distro bookworm
+    python -m pip download -c constraints.txt -d .cache/lab/wheels torch   # the nodes' CPU torch
+    ansible-playbook site.yml -i inventory/lab-srun/hosts.yml -e @inventory/pins/debian-12.yml \
+        -e gpu_env_install_torch=true -e gpu_env_torch_package=torch==2.13.0 \
+        --skip-tags driver,cuda,nccl,validate
+    GPUENV_LAB=srun python -m pytest -q -s tests/lab/test_slurm_lab.py
+    gpuenv lab down --name srun
 
 Lab containers share the host's cgroup tree (--cgroupns=host): the test sets slurm_cgroup=false
-(proctrack/linuxproc, task/none), so device confinement is not tested here (docs/slurm.md).
+(proctrack/linuxproc, task/none), so device confinement is not tested here, and the nodes have no
+GPU: the cluster's slurm-gpus check SKIPs with that reason (docs/slurm.md).
 """
 
 import json
@@ -26,7 +34,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labnet import run_playbook
+from labnet import converge_idempotent, run_playbook
 
 from gpuenv.health.nvml import patch_gpus
 
@@ -41,6 +49,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "health"
 FAULT_DIR = "/etc/gpuenv/lab-fault"
 HEALTH = "/usr/local/sbin/gpuenv-slurm-health"
 ADMIN_REASON = "admin: lab maintenance"
+CLUSTER_USER = "gpuenv"  # roles/ssh_mesh's ssh_mesh_user
 
 
 def names():
@@ -88,6 +97,19 @@ def write_inventory(path, nodes, fault_node=None):
     path.write_text(yaml.safe_dump(data))
 
 
+def as_cluster_user(node, command):
+    """``command`` in the cluster user's own SSH login to ``node`` (the SSH mesh's key), where
+    sshd's PAM session and the login profile give it what a user's shell has."""
+    inner = f"bash -lc {shlex.quote(command)}"
+    return shlex.join(["sudo", "-n", "-u", CLUSTER_USER, "-H", "ssh", "-o", "BatchMode=yes",
+                       address(node), inner])  # fmt: skip
+
+
+def address(name):
+    data = yaml.safe_load(INVENTORY.read_text())
+    return data["all"]["children"]["gpu_nodes"]["hosts"][name]["ansible_host"]
+
+
 def node_state(controller, node):
     _, out = on_node(controller, f"scontrol show node -o {node}")
     state = out.split(" State=")[1].split()[0]
@@ -112,14 +134,7 @@ def test_slurm_runs_jobs_and_gpuenv_owns_its_drains(tmp_path):
     extra = tmp_path / "slurm.yml"
     write_inventory(extra, nodes)
 
-    changed, converge_s = playbook(extra)
-    print(f"\nconverge: {converge_s:.1f} s, changed {changed}")
-    again, again_s = playbook(extra)
-    print(f"second run: {again_s:.1f} s, changed {again}")
-    assert set(again.values()) == {0}, again
-    checked, check_s = playbook(extra, "--check")
-    print(f"check mode: {check_s:.1f} s, changed {checked}")
-    assert set(checked.values()) == {0}, checked
+    converge_idempotent([INVENTORY, extra], ROOT / "playbooks" / "slurm.yml", timeout_s=1500)
 
     for name in nodes:
         _, out = on_node(name, "systemctl is-active munge slurmd slurmctld || true")
@@ -129,6 +144,35 @@ def test_slurm_runs_jobs_and_gpuenv_owns_its_drains(tmp_path):
     _, out = on_node(controller, f"sudo -u admin timeout 150 srun -N{len(computes)} hostname")
     print(f"srun -N{len(computes)} hostname: {time.monotonic() - started_at:.1f} s: {out.split()}")
     assert sorted(out.split()) == sorted(computes)
+
+    # MPI through Slurm as users run it: the cluster user's SSH login on the submit host.
+    started_at = time.monotonic()
+    hello = f"srun -N{len(computes)} python3 -m mpi4py.bench helloworld"
+    _, out = on_node(controller, as_cluster_user(controller, hello))
+    print(f"{hello}: {time.monotonic() - started_at:.1f} s:\n{out.strip()}")
+    lines = sorted(line for line in out.splitlines() if line.startswith("Hello, World!"))
+    assert [line.split(" on ")[0] for line in lines] == [
+        f"Hello, World! I am process {i} of {len(computes)}" for i in range(len(computes))
+    ], out
+    assert sorted(line.split(" on ")[1].rstrip(".") for line in lines) == sorted(computes), out
+
+    # gpuenv cluster through Slurm: every multi-node run is one srun from the controller.
+    started_at = time.monotonic()
+    done = subprocess.run(
+        [*GPUENV, "cluster", "--launcher", "srun", "-i", str(INVENTORY), "-i", str(extra),
+         "--limit", "slurm_compute", "--profile", "cpu", "--json", "-", "--no-progress"],
+        capture_output=True, text=True, check=False, cwd=ROOT, timeout=900,
+    )  # fmt: skip
+    wall_s = time.monotonic() - started_at
+    report = json.loads(done.stdout)
+    cluster = {r["check"]: r for r in report["results"] if r["node"] == "cluster"}
+    for name, r in cluster.items():
+        print(f"  {name}: {r['status']}: {r['reason'][:160]}")
+    print(f"gpuenv cluster --launcher srun --profile cpu: exit {done.returncode}, {wall_s:.1f} s")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("slurm-reach", "allreduce", "ddp", "mpi"):
+        assert cluster[name]["status"] == "PASS", cluster[name]
+    assert cluster["slurm-gpus"]["status"] == "SKIP", cluster["slurm-gpus"]
 
     # The fault: the recorded 8-GPU node with GPU 3 gone and its Xid 79 (the real scanner).
     base = json.loads((FIXTURES / "_base" / "hgx8" / "nvml.json").read_text())
