@@ -26,8 +26,7 @@ Opt-in (about 20 minutes on 2 shared cores): a lab whose stack converged without
     gpuenv lab up --nodes 3 --name upg --distro bookworm
     ansible-playbook -i inventory/lab-upg/hosts.yml site.yml \\
         --skip-tags driver,cuda,nccl,validate,slurm,monitoring,qos,fabric \\
-        -e @inventory/pins/debian-12.yml -e gpu_env_install_torch=true \\
-        -e gpu_env_torch_package=torch==2.13.0
+        -e @inventory/pins/debian-12.yml
     GPUENV_UPGRADE_LAB=upg python -m pytest -q -s tests/lab/test_upgrade_lab.py
     gpuenv lab down --name upg
 
@@ -69,6 +68,8 @@ PIN = f"/etc/apt/preferences.d/gpuenv-{PACKAGE}.pref"
 STATE = "/etc/gpuenv/upgrade-state.json"
 FAULT = "/etc/gpuenv-standin/fault-2.0"
 PORT = 8080
+CHECK_ONLY = ["--only", "system,mpi"]
+PAIR_ARGS = ["--skip", "health,torch,pairs", "--check-args", " ".join(CHECK_ONLY)]
 STANDIN = """#!/bin/sh
 # gpuenv-standin: stands in for a GPU stack package in the rolling-upgrade lab test.
 VERSION={version}
@@ -231,6 +232,10 @@ def test_a_failed_batch_is_rolled_back_and_the_rerun_completes(repository, tmp_p
         "gpuenv_apt_bundle_url": url, "gpuenv_apt_bundle_key": str(key),
         "pinned_packages_list": [{**entry, "version": "1.0"}],
         "rolling_upgrade_acceptance_commands": [[PACKAGE, "--selftest"]],
+        # No torch on the lab's nodes (its CPU wheel is not served here and the CUDA one fills the
+        # disk): the node check runs system and mpi, the pair test MPI across the pair.
+        "rolling_upgrade_check_args": CHECK_ONLY,
+        "rolling_upgrade_pair_args": PAIR_ARGS,
         "rolling_upgrade_report_dir": str(tmp_path / "reports"),
     }}})  # fmt: skip
     inventories = [INVENTORY, slurm, site]
