@@ -56,10 +56,11 @@ PLAY = """---
   environment:
     PATH: "{bin}:{{{{ ansible_env.PATH }}}}"
   tasks:
-    - name: Run the step
+    - name: Run the steps
       ansible.builtin.include_role:
         name: gpuenv.cluster.rolling_upgrade
-        tasks_from: "{step}"
+        tasks_from: "{{{{ item }}}}"
+      loop: {steps}
 """
 
 
@@ -83,9 +84,10 @@ def ctld(tmp_path: Path) -> Path:
     return d
 
 
-def run_step(ctld: Path, step: str, **extra: object) -> subprocess.CompletedProcess[str]:
-    play = ctld / f"{step}.yml"
-    play.write_text(PLAY.format(bin=ctld / "bin", step=step))
+def run_step(ctld: Path, *steps: str, **extra: object) -> subprocess.CompletedProcess[str]:
+    """The role's task files ``steps``, one after the other in one play (facts carry over)."""
+    play = ctld / f"{'-'.join(steps)}.yml"
+    play.write_text(PLAY.format(bin=ctld / "bin", steps=json.dumps(list(steps))))
     pins = ctld / "pins.yml"
     pins.write_text(
         yaml.safe_dump(
@@ -168,7 +170,7 @@ def test_the_driver_feature_is_published_in_slurmctld_and_slurm_conf(ctld: Path)
     conf.write_text(f"{mine}\n{other}")
     (ctld / "features").write_text("ib,nvidia-driver-550.54.15\n")
     done = run_step(
-        ctld, "feature_publish", rolling_upgrade_slurm_conf=str(conf),
+        ctld, "feature_publish", "slurm_resume", rolling_upgrade_slurm_conf=str(conf),
         __rolling_upgrade_driver_version="570.86.10",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
@@ -179,7 +181,7 @@ def test_the_driver_feature_is_published_in_slurmctld_and_slurm_conf(ctld: Path)
     # Again: nothing to change, no scontrol update.
     updates = read(ctld, "log").count("scontrol update")
     done = run_step(
-        ctld, "feature_publish", rolling_upgrade_slurm_conf=str(conf),
+        ctld, "feature_publish", "slurm_resume", rolling_upgrade_slurm_conf=str(conf),
         __rolling_upgrade_driver_version="570.86.10",
     )  # fmt: skip
     assert done.returncode == 0 and "changed=0" in done.stdout, done.stdout[-2000:]
