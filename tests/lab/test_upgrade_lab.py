@@ -292,7 +292,7 @@ def test_a_failed_batch_is_rolled_back_and_the_rerun_completes(repository, tmp_p
     assert first["validation"]["ok"] and "the canary" in first["validation"]["pair"]
     assert rolled and (rolled["batch"], rolled["outcome"]) == (2, "rolled back")
     assert rolled["failure"]["step"] == "validation" and rolled["validation"]["ok"]
-    assert rolled["before"] == {PACKAGE: "1.0"} and rolled["after"] == {PACKAGE: "1.0"}
+    assert (rolled["before"][PACKAGE], rolled["after"][PACKAGE]) == ("1.0", "1.0")
     assert record(third) is None
     assert on_node(third, f"stat -c %Y {PIN}")[1] == third_pin_before
     for node in nodes:
