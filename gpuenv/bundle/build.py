@@ -114,18 +114,8 @@ def build_bundle(
     progress.end("debs", f"{len(names)} packages")
 
     progress.begin("index", "Packages, Release, key and signatures")
-    packages = executor.run(["apt-ftparchive", "packages", "pool"], cwd=f"{MOUNT}/apt").encode()
-    index = {"Packages": packages, "Packages.gz": repo.gzip_bytes(packages)}
-    for name, content in index.items():
-        (apt_dir / name).write_bytes(content)
     when = now or datetime.now(UTC)
-    (apt_dir / "Release").write_text(repo.release_text(index, repo.Suite(plan.codename), when))
-    executor.run(["install", "-d", "-m", "0700", repo.GNUPGHOME])
-    executor.run(repo.keygen_argv())
-    fingerprint = repo.parse_fingerprint(executor.run(repo.fingerprint_argv()))
-    executor.run(repo.export_key_argv(f"{MOUNT}/{repo.KEY_FILE}"))
-    for argv in repo.sign_argvs(f"{MOUNT}/apt/Release"):
-        executor.run(argv)
+    fingerprint = write_signed_index(executor, output, plan.codename, when)
     progress.end("index", f"signed by {fingerprint}")
 
     progress.begin("verify", "apt reads the bundle alone and resolves every package")
@@ -172,6 +162,26 @@ def build_bundle(
     )
     (output / "bundle.json").write_text(json.dumps(asdict(manifest), indent=2) + "\n")
     return manifest
+
+
+def write_signed_index(executor: Executor, output: Path, codename: str, when: datetime) -> str:
+    """Index the .deb files of ``output``/apt/pool (mounted at MOUNT in the executor's container)
+    as a flat repository, sign it with a key made for it alone, export the public key as
+    ``output``/gpuenv-bundle.asc; return the key's fingerprint. Nodes trust that key for this
+    repository only (the sources role's signed-by entry)."""
+    apt_dir = output / "apt"
+    packages = executor.run(["apt-ftparchive", "packages", "pool"], cwd=f"{MOUNT}/apt").encode()
+    index = {"Packages": packages, "Packages.gz": repo.gzip_bytes(packages)}
+    for name, content in index.items():
+        (apt_dir / name).write_bytes(content)
+    (apt_dir / "Release").write_text(repo.release_text(index, repo.Suite(codename), when))
+    executor.run(["install", "-d", "-m", "0700", repo.GNUPGHOME])
+    executor.run(repo.keygen_argv())
+    fingerprint = repo.parse_fingerprint(executor.run(repo.fingerprint_argv()))
+    executor.run(repo.export_key_argv(f"{MOUNT}/{repo.KEY_FILE}"))
+    for argv in repo.sign_argvs(f"{MOUNT}/apt/Release"):
+        executor.run(argv)
+    return fingerprint
 
 
 def verify_sources(key: str) -> str:

@@ -26,6 +26,9 @@ from gpuenv.health.findings import Finding, HealthReport, rank
 Run = Callable[..., tuple[int, str]]
 
 PREFIX = "gpuenv:"
+# The rolling upgrade's drains (playbooks/upgrade.yml, docs/upgrade.md): the upgrade resumes them
+# once the node is validated; the health check neither resumes nor rewrites them.
+UPGRADE_PREFIX = "gpuenv: upgrade"
 REASON_MAX = 200  # characters of a drain reason; sinfo -R shows the start, scontrol the whole
 SCONTROL_DEADLINE_S = 20.0  # one scontrol call (slurmctld answers in well under a second)
 CACHE_S = 300.0  # how long the prolog trusts the last healthy verdict
@@ -50,7 +53,7 @@ class NodeState:
 
     @property
     def ours(self) -> bool:
-        return self.reason.startswith(PREFIX)
+        return self.reason.startswith(PREFIX) and not self.reason.startswith(UPGRADE_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from gpuenv.health import slurm
 from gpuenv.health.findings import Finding, HealthReport
 
 ADMIN = "disk replaced, do not use"
+UPGRADE = "gpuenv: upgrade batch 2 to 3f2a9c01d4e5"
 OURS = "gpuenv: pcie.width gpu0 0000:18:00.0: link x8, expected x16"
 NEW = "gpuenv: xid gpu1 79: Xid 79 (fell off the bus)"
 
@@ -70,6 +71,9 @@ CASES = [
     ("IDLE", "", None, slurm.KEEP, ""),
     ("DOWN", "Not responding", None, slurm.KEEP, "Not responding"),  # not a drain: not ours
     ("IDLE+DRAIN", "gpuenvish: not ours", None, slurm.KEEP, "gpuenvish: not ours"),
+    # The rolling upgrade's drain is the upgrade's to resume (docs/upgrade.md): kept either way.
+    ("IDLE+DRAIN", UPGRADE, None, slurm.KEEP, UPGRADE),
+    ("IDLE+DRAIN", UPGRADE, OURS, slurm.KEEP, UPGRADE),
 ]
 
 

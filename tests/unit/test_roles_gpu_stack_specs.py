@@ -10,9 +10,18 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = ["nvidia_driver", "cuda_toolkit", "nccl", "site_cache", "rdma_fabric", "gpu_monitoring"]
+ROLES = [
+    "nvidia_driver",
+    "cuda_toolkit",
+    "nccl",
+    "site_cache",
+    "rdma_fabric",
+    "gpu_monitoring",
+    "pinned_packages",
+    "rolling_upgrade",
+]
 # A role whose user page is not docs/roles/<role>.md.
-DOCS = {"gpu_monitoring": "docs/monitoring.md"}
+DOCS = {"gpu_monitoring": "docs/monitoring.md", "rolling_upgrade": "docs/upgrade.md"}
 
 
 def _spec(role: str) -> dict:
