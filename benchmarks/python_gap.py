@@ -111,12 +111,12 @@ def lean(target: Path, requirements: list[str]) -> None:
 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
     here = Path(sysconfig.get_paths()["purelib"])
+    ask = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     there = Path(
         subprocess.run(
-            [str(target / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True, capture_output=True, text=True,
+            [str(target / "bin" / "python"), "-c", ask], check=True, capture_output=True, text=True
         ).stdout.strip()
-    )  # fmt: skip
+    )
     linked = 0
     for name in closure(requirements):
         dist = md.distribution(name)
@@ -178,8 +178,8 @@ def measure(labels: list[str], runs: int) -> None:
         startup = [w - i for w, i in zip(walls, inner, strict=False)]
         for key, values in [("interpreter and exit", startup), *phases.items(), ("wall", walls)]:
             if values:
-                print(f"   {key:22s} median {statistics.median(values):6.2f} s"
-                      f"  range {min(values):.2f}-{max(values):.2f} s  (n={len(values)})")  # fmt: skip
+                spread = f"range {min(values):.2f}-{max(values):.2f} s  (n={len(values)})"
+                print(f"   {key:22s} median {statistics.median(values):6.2f} s  {spread}")
         top = import_top(python, env)
         print("   -X importtime, self time by top-level package (one run): "
               + ", ".join(f"{name} {sec:.2f}" for name, sec in top))  # fmt: skip
