@@ -229,8 +229,9 @@ exec setpriv --reuid apt-cacher-ng --regid apt-cacher-ng --init-groups \\
 _CACHE_DOCKERFILE = """FROM {base}
 ENV LANG=C.UTF-8
 RUN set -eux; \\
-    apt-get update; \\
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {packages}; \\
+    apt-get update -o Acquire::Languages=none; \\
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
+        -o Dpkg::Options::=--force-unsafe-io {packages}; \\
     apt-get clean; rm -rf /var/lib/apt/lists/*
 COPY rootfs/ /
 EXPOSE 3142 8080

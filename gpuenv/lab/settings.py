@@ -16,8 +16,9 @@ DISTROS = ("trixie", "bookworm")
 PINS_DIR = Path(__file__).resolve().parents[2] / "inventory" / "pins"
 DISTRO_PINS = {"trixie": "debian-13.yml", "bookworm": "debian-12.yml"}
 DEFAULT_DISTRO = "trixie"
-# The cache container runs on this distro's base whatever the nodes run.
-CACHE_DISTRO = "trixie"
+# The cache container runs on this distro's base whatever the nodes run: `make demo`'s (Debian 12),
+# so the demo's first run debootstraps one distro, not two.
+CACHE_DISTRO = "bookworm"
 DEFAULT_LAB = "gpuenv"
 MAX_NODES = 32
 DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
