@@ -129,6 +129,8 @@ class Runner:
             "GPUENV_LAB_PREFIX": prefix,
             "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
             "ANSIBLE_NOCOLOR": "1",
+            # Wide enough for `gpuenv lab` to print each step with its time in the log.
+            "COLUMNS": "200",
         }
         self.hosts = f"inventory/lab-{name}/hosts.yml"
 
