@@ -26,7 +26,9 @@ work: the packages site.yml installed (`apt-mark showmanual` on a converged node
 and the same venv, installed by plain `apt-get install` and `pip install` on one fresh node, then
 on three fresh nodes at once. The lab is taken down at the end (the images and cache stay).
 
-Prints each phase's figure per run with min/median/max and the load average around it.
+Prints each phase's figure per run with min/median/max and the load average around it. It does
+not start with less than --min-free-gib (20) free under /var/lib/docker: other labs share the disk,
+and a run that fills it breaks theirs (their preflight wants 10 GiB free).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -288,6 +291,16 @@ def floor(runner: Runner, logs: Path) -> dict[str, object]:
     return record
 
 
+# A fresh run holds three nodes with CUDA 11.8 (about 5 GB each with the lab image's settings),
+# the apt cache volume (about 2.6 GB) and the images; the floor then one more lab of three.
+MIN_FREE_GIB = 20
+DOCKER_ROOT = Path("/var/lib/docker")
+
+
+def free_gib(path: Path) -> float:
+    return shutil.disk_usage(path if path.exists() else ROOT).free / 2**30
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
@@ -297,10 +310,20 @@ def main() -> int:
     parser.add_argument("--limit", action="store_true", help="also measure the machine's floor")
     parser.add_argument("--logs", type=Path, default=ROOT / ".cache" / "bench" / "demo_first_run")
     parser.add_argument("--json", type=Path, help="also write the record here")
+    parser.add_argument("--min-free-gib", type=float, default=MIN_FREE_GIB)
     args = parser.parse_args()
     if args.runs < 1:
         print("demo_first_run: --runs must be >= 1", file=sys.stderr)
         return 2
+    # Labs of other work share the disk: a run that fills it breaks theirs too.
+    free = free_gib(DOCKER_ROOT)
+    if free < args.min_free_gib:
+        print(
+            f"demo_first_run: {free:.1f} GiB free under {DOCKER_ROOT}, a run needs about"
+            f" {args.min_free_gib} GiB (--min-free-gib): not started",
+            file=sys.stderr,
+        )
+        return 1
     runner = Runner(args.prefix, args.name)
     runs = []
     try:
