@@ -32,9 +32,11 @@ esac
 extra=(-e "@$pins")
 if [ "$distro" = bookworm ]; then
   # Debian 12 nodes run Python 3.11, for which the CPU build of torch lies on this machine:
-  # the lab's wheelhouse serves it, so DDP (gloo) runs across the lab nodes.
+  # the lab's wheelhouse serves it, so DDP (gloo) runs across the lab nodes. The rest of the
+  # cluster venv (gpu_env_packages) too: fetched once here, not by each node.
   mkdir -p .cache/lab/wheels
-  python -m pip download -q -c constraints.txt -d .cache/lab/wheels torch >.cache/lab/wheels.log 2>&1 ||
+  python -m pip download -q -c constraints.txt -d .cache/lab/wheels torch numpy mpi4py \
+    >.cache/lab/wheels.log 2>&1 ||
     { cat .cache/lab/wheels.log >&2; echo "demo: could not fetch torch for the lab wheelhouse" >&2; exit 1; }
   extra+=(-e gpu_env_install_torch=true -e gpu_env_torch_package=torch==2.13.0)
 fi

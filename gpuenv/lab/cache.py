@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuenv.errors import EnvironmentProblem
-from gpuenv.lab.settings import CACHE_ALIAS, LABEL_OWNER, LABEL_RECIPE, Names, wheelhouse_dir
+from gpuenv.lab.settings import (
+    CACHE_ALIAS,
+    LABEL_OWNER,
+    LABEL_RECIPE,
+    Names,
+    link_wheelhouse,
+    shared_wheelhouse,
+)
 from gpuenv.progress import Progress
 
 if TYPE_CHECKING:
@@ -27,7 +34,7 @@ CACHE_READY_DEADLINE_S = 60
 
 def _wanted_config(client: docker.DockerClient, names: Names, wheels: Path) -> str:
     image_id = client.images.get(names.cache_image).id
-    # The folder's identity, not only its path: a checkout removed and cloned again at the same
+    # The folder's identity, not only its path: a folder removed and made again at the same
     # path leaves the container bound to the deleted folder, which serves no wheel.
     st = wheels.stat()
     text = f"{image_id}\n{wheels}\n{st.st_dev}:{st.st_ino}"
@@ -40,8 +47,9 @@ def ensure_cache(
     """Start (or create, or re-create after an image change) the cache container."""
     from docker.errors import NotFound
 
-    wheels = wheelhouse_dir(root).resolve()
-    wheels.mkdir(parents=True, exist_ok=True)
+    # One folder per machine, not the checkout's: another checkout's `lab up` finds the
+    # container as it wants it and leaves it running (it served whichever checkout created it).
+    wheels = link_wheelhouse(root, shared_wheelhouse())
     wanted = _wanted_config(client, names, wheels)
     progress.begin("cache", f"cache {names.cache_container}")
     try:

@@ -230,15 +230,29 @@ def ensure_images(
             pool.submit(ensure_base, client, names, root, d, progress, mirror) for d in bases
         ]
         states = [f.result() for f in futures]
-    for distro in distros:
-        layer = recipe.node_recipe(
-            names.base_image(distro), recipe.base_recipe(distro, mirror=mirror), certs
+    layers = [
+        (
+            names.node_image(distro),
+            recipe.node_recipe(
+                names.base_image(distro), recipe.base_recipe(distro, mirror=mirror), certs
+            ),
         )
-        states.append(ensure_layer(client, names, names.node_image(distro), layer, progress))
-    cache_layer = recipe.cache_recipe(
-        names.base_image(CACHE_DISTRO), recipe.base_recipe(CACHE_DISTRO, mirror=mirror)
+        for distro in distros
+    ]
+    layers.append(
+        (
+            names.cache_image,
+            recipe.cache_recipe(
+                names.base_image(CACHE_DISTRO), recipe.base_recipe(CACHE_DISTRO, mirror=mirror)
+            ),
+        )
     )
-    states.append(ensure_layer(client, names, names.cache_image, cache_layer, progress))
+    # The cache's build waits on apt downloads, the nodes' on local work: side by side.
+    with ThreadPoolExecutor(max_workers=len(layers)) as pool:
+        futures = [
+            pool.submit(ensure_layer, client, names, tag, layer, progress) for tag, layer in layers
+        ]
+        states += [f.result() for f in futures]
     return states
 
 

@@ -44,6 +44,18 @@ ADMIN_UID = 1000
 LOCAL_CA_DIR = "/usr/local/share/ca-certificates/gpuenv"
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
+# Lab nodes are throwaway containers: dpkg skips the fsync after each unpacked file and the
+# manuals and documentation (copyright files stay), apt fetches no translated descriptions.
+# Image settings only: the roles and what a real node gets are unchanged (docs/lab.md).
+LAB_DPKG_CFG = """# gpuenv lab node (a throwaway container), not for real machines.
+force-unsafe-io
+path-exclude=/usr/share/doc/*
+path-include=/usr/share/doc/*/copyright
+path-exclude=/usr/share/man/*
+path-exclude=/usr/share/info/*
+"""
+LAB_APT_CONF = 'Acquire::Languages "none";\n'
+
 _PEM_RE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n.+?-----END CERTIFICATE-----", re.DOTALL)
 
 
@@ -217,8 +229,9 @@ exec setpriv --reuid apt-cacher-ng --regid apt-cacher-ng --init-groups \\
 _CACHE_DOCKERFILE = """FROM {base}
 ENV LANG=C.UTF-8
 RUN set -eux; \\
-    apt-get update; \\
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {packages}; \\
+    apt-get update -o Acquire::Languages=none; \\
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
+        -o Dpkg::Options::=--force-unsafe-io {packages}; \\
     apt-get clean; rm -rf /var/lib/apt/lists/*
 COPY rootfs/ /
 EXPOSE 3142 8080
@@ -241,6 +254,8 @@ def node_recipe(base_image: str, base: BaseRecipe, ca_certs: list[bytes]) -> Lay
             0o440,
         ),
         File("etc/pip.conf", f"[global]\ncert = {SYSTEM_BUNDLE}\n".encode()),
+        File("etc/dpkg/dpkg.cfg.d/gpuenv-lab", LAB_DPKG_CFG.encode()),
+        File("etc/apt/apt.conf.d/02gpuenv-lab", LAB_APT_CONF.encode()),
     ]
     files += [
         File(f"{LOCAL_CA_DIR.lstrip('/')}/controller-{i:03d}.crt", cert)

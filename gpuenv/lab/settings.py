@@ -16,8 +16,9 @@ DISTROS = ("trixie", "bookworm")
 PINS_DIR = Path(__file__).resolve().parents[2] / "inventory" / "pins"
 DISTRO_PINS = {"trixie": "debian-13.yml", "bookworm": "debian-12.yml"}
 DEFAULT_DISTRO = "trixie"
-# The cache container runs on this distro's base whatever the nodes run.
-CACHE_DISTRO = "trixie"
+# The cache container runs on this distro's base whatever the nodes run: `make demo`'s (Debian 12),
+# so the demo's first run debootstraps one distro, not two.
+CACHE_DISTRO = "bookworm"
 DEFAULT_LAB = "gpuenv"
 MAX_NODES = 32
 DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -134,8 +135,60 @@ def cache_dir(root: Path) -> Path:
 
 
 def wheelhouse_dir(root: Path) -> Path:
-    """Wheels put here are served to lab nodes at ``WHEELHOUSE_URL``."""
+    """Wheels put here are served to lab nodes at ``WHEELHOUSE_URL``: the checkout's link to
+    the machine's one wheel folder (``shared_wheelhouse``, see ``link_wheelhouse``)."""
     return cache_dir(root) / "wheels"
+
+
+WHEELHOUSE_ENV = "GPUENV_LAB_WHEELHOUSE"
+
+
+def shared_wheelhouse() -> Path:
+    """The wheel folder the cache container serves, one per machine whatever the checkout:
+    ``$GPUENV_LAB_WHEELHOUSE``, else ``$XDG_CACHE_HOME/gpuenv/lab-wheels`` (``~/.cache``)."""
+    given = os.environ.get(WHEELHOUSE_ENV)
+    if given:
+        return Path(given).expanduser().resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return (Path(base) / "gpuenv" / "lab-wheels").resolve()
+
+
+def link_wheelhouse(root: Path, shared: Path) -> Path:
+    """Make the checkout's ``.cache/lab/wheels`` a link to ``shared`` and return ``shared``.
+
+    The cache container is shared by every checkout on the machine, so it serves one folder;
+    a checkout's wheels (a folder from before, or from `pip download -d .cache/lab/wheels`
+    run before the first `lab up`) move into it, where a wheel of the same name already
+    present is kept. Writes through the old path keep working and are served at once.
+    """
+    shared.mkdir(parents=True, exist_ok=True)
+    local = wheelhouse_dir(root)
+    if local.is_symlink():
+        if local.resolve() == shared:
+            return shared
+        local.unlink()
+    elif local.is_dir():
+        _merge_into(local, shared)
+        local.rmdir()
+    elif local.exists():
+        raise BadInput(f"{local} is a file; the lab's wheel folder link goes there: remove it")
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.symlink_to(shared, target_is_directory=True)
+    return shared
+
+
+def _merge_into(source: Path, target: Path) -> None:
+    """Move the tree ``source`` into ``target``; names already in ``target`` win."""
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(source.iterdir()):
+        dest = target / entry.name
+        if entry.is_dir() and not entry.is_symlink():
+            _merge_into(entry, dest)
+            entry.rmdir()
+        elif dest.exists():
+            entry.unlink()
+        else:
+            os.replace(entry, dest)
 
 
 def validate_name(name: str) -> str:

@@ -122,3 +122,19 @@ def test_demo_script_refuses_an_unknown_preset_before_anything_runs():
         check=True,
     )
     assert ok.stdout.strip() == "https://mirrors.aliyun.com/pypi/simple/"
+
+
+def test_lab_nodes_unpack_without_fsync_and_without_manuals():
+    files = {f.path: f.content.decode() for f in _node([CERT_A]).files}
+    dpkg = files["etc/dpkg/dpkg.cfg.d/gpuenv-lab"].splitlines()
+    assert "force-unsafe-io" in dpkg
+    assert "path-exclude=/usr/share/doc/*" in dpkg
+    # Licences stay: only the copyright files are kept of /usr/share/doc.
+    assert "path-include=/usr/share/doc/*/copyright" in dpkg
+    assert dpkg.index("path-include=/usr/share/doc/*/copyright") > dpkg.index(
+        "path-exclude=/usr/share/doc/*"
+    )
+    assert "path-exclude=/usr/share/man/*" in dpkg
+    assert files["etc/apt/apt.conf.d/02gpuenv-lab"] == 'Acquire::Languages "none";\n'
+    # Image settings, so the recipe (and the image) changes with them.
+    assert recipe.LAB_DPKG_CFG.encode() in {f.content for f in _node([CERT_A]).files}

@@ -63,3 +63,46 @@ def test_default_names_are_the_agreed_ones(monkeypatch):
     assert names.cache_container == "gpuenv-cache"
     assert names.cache_volume == "gpuenv-apt-cache"
     assert names.molecule_network == "gpuenv-molecule"
+
+
+def test_shared_wheelhouse_is_one_folder_per_machine(tmp_path, monkeypatch):
+    monkeypatch.delenv(settings.WHEELHOUSE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert settings.shared_wheelhouse() == tmp_path / "xdg" / "gpuenv" / "lab-wheels"
+    monkeypatch.setenv(settings.WHEELHOUSE_ENV, str(tmp_path / "mine"))
+    assert settings.shared_wheelhouse() == tmp_path / "mine"
+
+
+def test_a_checkouts_wheels_move_into_the_shared_folder_behind_a_link(tmp_path):
+    shared = tmp_path / "shared"
+    (shared / "bootstrap").mkdir(parents=True)
+    (shared / "torch-2.13.0+cpu.whl").write_text("the shared one")
+    checkout = tmp_path / "co"
+    local = settings.wheelhouse_dir(checkout)
+    (local / "bootstrap").mkdir(parents=True)
+    (local / "torch-2.13.0+cpu.whl").write_text("the checkout's copy")
+    (local / "numpy-2.4.6.whl").write_text("numpy")
+    (local / "bootstrap" / "gpuenv-abc.tar.gz").write_text("tarball")
+
+    assert settings.link_wheelhouse(checkout, shared) == shared
+    assert local.is_symlink() and local.resolve() == shared
+    assert (shared / "torch-2.13.0+cpu.whl").read_text() == "the shared one"
+    assert (shared / "numpy-2.4.6.whl").read_text() == "numpy"
+    assert (shared / "bootstrap" / "gpuenv-abc.tar.gz").read_text() == "tarball"
+    # Written through the checkout's path, found in the served folder; a second call is a no-op.
+    (local / "nccl.whl").write_text("nccl")
+    assert settings.link_wheelhouse(checkout, shared) == shared
+    assert (shared / "nccl.whl").read_text() == "nccl"
+
+
+def test_a_link_to_another_folder_is_repointed_and_a_file_in_the_way_is_named(tmp_path):
+    checkout = tmp_path / "co"
+    local = settings.wheelhouse_dir(checkout)
+    local.parent.mkdir(parents=True)
+    local.symlink_to(tmp_path, target_is_directory=True)
+    settings.link_wheelhouse(checkout, tmp_path / "shared")
+    assert local.resolve() == tmp_path / "shared"
+    local.unlink()
+    local.write_text("not a folder")
+    with pytest.raises(BadInput, match="is a file"):
+        settings.link_wheelhouse(checkout, tmp_path / "shared")
