@@ -46,6 +46,11 @@ def fake_slurm(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SCONTROL_NODES", str(tmp_path / "nodes"))
     monkeypatch.setenv("FAKE_SCONTROL_CONFIG", str(tmp_path / "config"))
     monkeypatch.setenv("FAKE_SRUN_LOG", str(tmp_path / "srun.log"))
+    # The tasks run `bash -lc` as on a node; a home of their own keeps the login away from this
+    # machine's ~/.profile (pyenv's rehash there takes a lock that a killed task leaves behind,
+    # and every later login then waits 60 s for it).
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     return tmp_path
 
 
