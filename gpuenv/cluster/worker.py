@@ -147,11 +147,11 @@ def run_torch(
                 "nccl": ".".join(map(str, torch.cuda.nccl.version())) if gpu else None,
             }
         )
+    dist.barrier()  # the node's first rank has read every local rank's NCCL log
     if debug_file is not None:
         with contextlib.suppress(OSError):
             os.unlink(debug_file)
     if pairs is None:
-        dist.barrier()
         dist.destroy_process_group()
         return True
     return pair_phase(node, pairs, device, sync, timeout_s)
