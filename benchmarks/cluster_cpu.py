@@ -176,7 +176,8 @@ def main() -> int:
             play = f", validate play {rec['play']['wall_s']:.1f} s" if args.play else ""
             print(
                 f"run {i + 1} {name}: rc {rec['rc']}, {rec['wall_s']:.1f} s{play}; "
-                + ", ".join(f"{k} {v:.1f}" for k, v in rec["stages_s"].items()),
+                + ", ".join(f"{k} {v:.1f}" for k, v in rec["stages_s"].items())
+                + (f"; not passed: {', '.join(rec['failed'])}" if rec["failed"] else ""),
                 flush=True,
             )
     summary: dict[str, dict] = {}
