@@ -184,11 +184,19 @@ def mpi(payload: Mapping[str, Any], nodes: int, want_hosts: int, command: str,
 
 
 def pair_matrix(matrix: Mapping[pairs.Pair, float | None], floor: float | None,
-                relative: float, pair_bytes: int,
-                duration_s: float) -> tuple[Result, dict[str, float | None]]:  # fmt: skip
+                relative: float, pair_bytes: int, duration_s: float,
+                notes: Mapping[pairs.Pair, str] | None = None, in_launch: int = 0,
+                launch_failures: Mapping[str, str] | None = None,
+                ) -> tuple[Result, dict[str, float | None]]:  # fmt: skip
     """Every pair against ``relative`` x the median and against the floor (the all-node run's,
-    or --min-busbw); the pass marks it used, for the report's plots."""
-    failed = [f"{a}-{b}" for (a, b), v in matrix.items() if v is None]
+    or --min-busbw); the pass marks it used, for the report's plots. ``notes``: why a pair
+    failed where it is known (the pair phase of the all-node launch names the node that gave
+    the error and the one that sent nothing); ``in_launch``: how many pairs that launch
+    measured (the others had launches of their own); ``launch_failures``: the nodes whose
+    all-node launch failed in its pair phase, and why."""
+    notes = notes or {}
+    failed = [f"{a}-{b}" + (f" ({notes[(a, b)]})" if (a, b) in notes else "")
+              for (a, b), v in matrix.items() if v is None]  # fmt: skip
     values = [v for v in matrix.values() if v is not None]
     med = statistics.median(values) if values else 0.0
     mark = relative * med
@@ -202,22 +210,29 @@ def pair_matrix(matrix: Mapping[pairs.Pair, float | None], floor: float | None,
         *([f"pairs below {relative:g} x median {med:.2f} GB/s: {', '.join(slow)}"]
           if slow else []),
         *([f"pairs below the floor {floor:.2f} GB/s: {', '.join(below)}"] if below else []),
+        *([f"the all-node launch failed in its pair phase: "
+           f"{'; '.join(f'{n}: {w}' for n, w in launch_failures.items())}"]
+          if launch_failures else []),
     ]  # fmt: skip
     ms = [Measurement("pairs", len(matrix)),
           Measurement("median_busbw", round(med, 3), "GB/s", floor,
                       "min" if floor is not None else None)]  # fmt: skip
+    details: dict[str, Any] = {"in_all_node_launch": in_launch,
+                               "own_launches": len(matrix) - in_launch}  # fmt: skip
+    if launch_failures:
+        details["all_node_launch_failed"] = dict(launch_failures)
     if problems:
         return Result("pair-matrix", CLUSTER_NODE, Status.FAIL, "; ".join(problems), ms,
-                      duration_s=duration_s), marks  # fmt: skip
+                      duration_s=duration_s, details=details), marks  # fmt: skip
     text = f"{len(matrix)} pairs, median {med:.2f} GB/s at {_mib(pair_bytes)}"
     if floor is None:
         return Result("pair-matrix", CLUSTER_NODE, Status.SKIP,
                       f"{text}; every pair >= {relative:g} x median, but NOT JUDGED"
                       " against an absolute floor (none derived; give --min-busbw)", ms,
-                      duration_s=duration_s), marks  # fmt: skip
+                      duration_s=duration_s, details=details), marks  # fmt: skip
     return Result("pair-matrix", CLUSTER_NODE, Status.PASS,
                   f"{text}; every pair >= {floor:.2f} GB/s and >= {relative:g} x"
-                  " median", ms, duration_s=duration_s), marks  # fmt: skip
+                  " median", ms, duration_s=duration_s, details=details), marks  # fmt: skip
 
 
 def isolation(iso: pairs.Isolation, duration_s: float) -> Result:

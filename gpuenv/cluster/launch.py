@@ -24,7 +24,7 @@ from typing import Any
 
 from gpuenv.cluster.fanout import NodeAnswer
 from gpuenv.cluster.inventory import Host
-from gpuenv.cluster.worker import MARK
+from gpuenv.cluster.worker import MARK, PairPhase
 
 
 def torchrun(
@@ -38,7 +38,10 @@ def torchrun(
     iters: int,
     steps: int,
     timeout_s: float,
+    pairs: PairPhase | None = None,
 ) -> str:
+    """One node's torchrun of the all-node launch (or of a pair's own 2-node launch); with
+    ``pairs``, its ranks measure the pair matrix after the sweep and DDP (worker.pair_phase)."""
     # On a real node the user's torchrun; an emulated (local) node uses the inventory's Python.
     launcher = [host.python, "-m", "torch.distributed.run"] if host.local else ["torchrun"]
     argv = [
@@ -58,6 +61,13 @@ def torchrun(
         f"--steps={steps}",
         f"--timeout={max(10, int(timeout_s))}",
     ]
+    if pairs is not None:
+        argv += [
+            f"--node-name={host.name}",
+            f"--pair-nodes={','.join(pairs.nodes)}",
+            f"--pair-bytes={pairs.nbytes}",
+            f"--pair-timeout={max(1, int(pairs.timeout_s))}",
+        ]
     return shlex.join(argv)
 
 
@@ -109,7 +119,7 @@ def dask(
         host.python, "-m", "gpuenv.cluster.worker", "dask",
         f"--scheduler={master.rendezvous_address}:{port}", f"--workers={workers}",
         f"--gpus={gpus}", f"--total={total}", f"--blocks={blocks}", f"--n={size[0]}",
-        f"--chunk={size[1]}", f"--run-id={run_id}", f"--node={host.name}",
+        f"--chunk={size[1]}", f"--run-id={run_id}", f"--node-name={host.name}",
         f"--timeout={max(10, int(timeout_s))}",
     ]  # fmt: skip
     if host is master:

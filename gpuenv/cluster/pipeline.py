@@ -14,10 +14,13 @@ one whose needs are met and records why the others did not run. In order:
    and a job asking for N GPUs sees exactly N (gpuenv.cluster.slurm).
 4. rendezvous: the master port is reachable from every node; socket interfaces exist.
 5. torch: ``torchrun`` across all nodes (c10d): all-reduce values (``allreduce``), bandwidth
-   against a floor (``busbw``) and the transport NCCL used, and DDP (``ddp``).
+   against a floor (``busbw``) and the transport NCCL used, and DDP (``ddp``); when the pair
+   matrix is to be measured, the same launch measures it too (pair subgroups, one round of
+   disjoint pairs at a time), so torch starts once per node for all of it.
 6. mpi: ``mpirun`` of plain ``python3`` from the first node over the SSH mesh.
-7. pairs: the node-pair bandwidth matrix (small clusters) and, when the all-node run failed or
-   was slow, bad-node isolation by parallel rounds of pairs.
+7. pairs: the node-pair bandwidth matrix (small clusters; from the all-node launch where it
+   measured a pair, else a 2-node launch per pair) and, when the all-node run failed or was
+   slow, bad-node isolation by parallel rounds of pairs, each pair its own 2-node launch.
 8. fabric: on nodes with InfiniBand/RoCE ports, the ports' error counters after the multi-node
    runs against the probe's (``fabric-counters``), and ib_write_bw over every rail between the
    nodes of a ring, judged at ``fabric.pair_efficiency`` x the port rate (``fabric-pairs``).
@@ -62,6 +65,7 @@ from gpuenv.cluster.defaults import (
 )
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
+from gpuenv.cluster.worker import PairPhase
 from gpuenv.errors import GpuenvError
 from gpuenv.floor import login_env, net
 from gpuenv.health import fleet as health
@@ -75,6 +79,11 @@ LAUNCH_MARGIN_S = 5.0
 RENDEZVOUS_CAP_S = 60.0
 # How many pair launches run at once in a round of the pair matrix or of isolation.
 PAIR_PARALLELISM = 32
+# The pair phase of the all-node launch: each pair's operations time out after this share of
+# the launch's own timeout (at least PAIR_TIMEOUT_MIN_S), so that a partner that hangs is named
+# by its peer well inside the launch's deadline.
+PAIR_TIMEOUT_SHARE = 1 / 3
+PAIR_TIMEOUT_MIN_S = 10.0
 # The dask scheduler listens this far above the rendezvous port (the pair runs use the next 32).
 DASK_PORT_OFFSET = 64
 
@@ -114,6 +123,11 @@ class State:
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)
     alive: list[Host] = field(default_factory=list)
     busbw_ok: bool = True  # the all-node run was correct and fast enough (else: isolation)
+    # The pair phase of the all-node launch: each pair it decided (GB/s, None: failed), why a
+    # pair failed there, and the nodes whose launch failed after their sweep and DDP.
+    launch_pairs: dict[pairs.Pair, float | None] = field(default_factory=dict)
+    launch_pair_notes: dict[pairs.Pair, str] = field(default_factory=dict)
+    launch_failures: dict[str, str] = field(default_factory=dict)
 
     def add(self, result: Result) -> None:
         self.report.results.append(result)
@@ -331,21 +345,37 @@ def _max_loss_ratio(opts: Options) -> float:
     return float(load_thresholds()["ddp"]["max_loss_ratio"])
 
 
+def _pair_phase(state: State, inner_s: float) -> PairPhase | None:
+    """The pair phase the all-node launch runs: when the pairs stage is selected and the
+    cluster is small enough for the full matrix."""
+    opts = state.opts
+    selected = "pairs" in opts.stages if opts.stages else True
+    if not selected or len(state.alive) > opts.matrix_max_nodes:
+        return None
+    timeout_s = max(PAIR_TIMEOUT_MIN_S, inner_s * PAIR_TIMEOUT_SHARE)
+    return PairPhase(tuple(h.name for h in state.alive), opts.pair_bytes, opts.iters,
+                            timeout_s)  # fmt: skip
+
+
 def torch_stage(state: State) -> None:
-    """torchrun across all nodes: values (allreduce), bandwidth (busbw), DDP (ddp)."""
+    """torchrun across all nodes: values (allreduce), bandwidth (busbw), DDP (ddp), and the
+    pair matrix's phase (pairs_stage judges it)."""
     opts, hosts = state.opts, state.alive
     master = hosts[0]
     nprocs = {h.name: _nproc(h, state) for h in hosts}
     began_at = time.monotonic()
     rid = launch.run_id("all")
     inner_s = opts.deadline_s - LAUNCH_MARGIN_S
+    phase = _pair_phase(state, inner_s)
     outcomes = state.launch(
         hosts,
         lambda h: launch.torchrun(h, master, len(hosts), opts.port, rid, nprocs[h.name],
-                                  opts.sizes, opts.iters, opts.steps, inner_s),
-        "torchrun all nodes",
+                                  opts.sizes, opts.iters, opts.steps, inner_s, phase),
+        "torchrun all nodes" + (" (sweep, DDP, pairs)" if phase else ""),
         stop_others=lambda _h: launch.stop(rid),
     )  # fmt: skip
+    if phase is not None:
+        _gather_pairs(state, phase, outcomes)
     duration_s = time.monotonic() - began_at
     max_loss_ratio = _max_loss_ratio(opts)
     bad: dict[str, str] = {}
@@ -357,7 +387,9 @@ def torch_stage(state: State) -> None:
     first: dict[str, Any] = {}
     for name, out in outcomes.items():
         got = [p for p in launch.payloads(out) if p.get("kind") == "torch"]
-        if not out.ok or not got:
+        # With a pair phase, a node reports its sweep and DDP before the phase starts: a launch
+        # that failed after that failed in the pair phase, which the pairs stage judges.
+        if not got or (not out.ok and phase is None):
             bad[name] = out.why() if not out.ok else "no result from its ranks"
             continue
         p = got[0]
@@ -395,6 +427,59 @@ def torch_stage(state: State) -> None:
     state.add(busbw)
     step_s = first.get("ddp", {}).get("step_time_s") or 0.0
     state.add(judge.ddp(ddp_bad, world, step_s, max_loss_ratio, backend, duration_s))
+
+
+def _gather_pairs(state: State, phase: PairPhase, outcomes: Mapping[str, NodeAnswer]) -> None:
+    """The pair phase's lines: a pair both of whose nodes reported correct values is measured
+    (the slower end's busbw, as a pair's own launch gives it); a pair that a node started and
+    did not finish with correct values failed, with why (the error, wrong values, or which node
+    never joined it); a pair no node started (the launch ended first) is left to a launch of
+    its own."""
+    lines: dict[pairs.Pair, dict[str, Mapping[str, Any]]] = {}
+    started: dict[pairs.Pair, set[str]] = {}
+    for name, out in outcomes.items():
+        got = launch.payloads(out)
+        for p in got:
+            key = (str(p.get("a")), str(p.get("b")))
+            if p.get("kind") == "pair":
+                lines.setdefault(key, {})[str(p.get("node"))] = p
+            elif p.get("kind") == "pair-start":
+                started.setdefault(key, set()).add(str(p.get("node")))
+        if not out.ok and any(p.get("kind") == "torch" for p in got):
+            state.launch_failures[name] = out.why()
+    for round_pairs in pairs.all_pairs_rounds(phase.nodes):
+        for a, b in round_pairs:
+            got = lines.get((a, b), {})
+            if len(got) == 2 and all("error" not in p and p.get("correct") for p in got.values()):
+                state.launch_pairs[(a, b)] = min(float(p["busbw_gbps"]) for p in got.values())
+            elif got or started.get((a, b)):
+                state.launch_pairs[(a, b)] = None
+                state.launch_pair_notes[(a, b)] = _pair_failure(
+                    (a, b), got, started.get((a, b), set()), state.launch_failures
+                )
+
+
+def _pair_failure(
+    pair: pairs.Pair,
+    got: Mapping[str, Mapping[str, Any]],
+    started: set[str],
+    failures: Mapping[str, str],
+) -> str:
+    """Why a pair of the pair phase failed, naming its nodes: the error or wrong values a node
+    reported, a node that joined and never finished, a node that never joined."""
+    why = [f"{n}: {p['error']}" for n, p in got.items() if "error" in p]
+    why += [f"{n}: all-reduce gave wrong values" for n, p in got.items()
+            if "error" not in p and not p.get("correct")]  # fmt: skip
+    for n in pair:
+        if n in got:
+            continue
+        left = f" ({failures[n]})" if n in failures else ""
+        if n in started:
+            why.append(f"{n} joined the pair and never finished it{left}")
+        else:
+            waited = ", ".join(sorted(started | set(got)))
+            why.append(f"{n} never joined the pair ({waited} waited){left}")
+    return "; ".join(why)
 
 
 def mpi_stage(state: State) -> None:
@@ -460,6 +545,8 @@ def pair_tester(
                 todo.append((a, b))
             else:
                 measured[(a, b)] = hit
+        if not todo:
+            return measured
         key = f"{label} round {counter[0]}"
         opts.progress.begin(key, f"{key}: {len(todo)} pairs")
         with cf.ThreadPoolExecutor(max_workers=max(1, min(PAIR_PARALLELISM, len(todo)))) as pool:
@@ -486,16 +573,21 @@ def pairs_stage(state: State) -> None:
 
 
 def matrix_stage(state: State) -> None:
+    """Every pair once: from the all-node launch's pair phase where it decided the pair, else
+    (the launch did not run, or ended before the pair) by the pair's own 2-node launch."""
     opts = state.opts
-    tester = pair_tester(state, "matrix")
+    tester = pair_tester(state, "matrix", known=dict(state.launch_pairs))
     began_at = time.monotonic()
     matrix = state.report.matrix
     for round_pairs in pairs.all_pairs_rounds([h.name for h in state.alive]):
         matrix.update(tester(round_pairs))
     floor = state.report.thresholds.get("busbw_floor_gbps") or opts.min_busbw
     result, marks = judge.pair_matrix(
-        matrix, floor, opts.pair_relative, opts.pair_bytes, time.monotonic() - began_at
-    )
+        matrix, floor, opts.pair_relative, opts.pair_bytes, time.monotonic() - began_at,
+        notes=state.launch_pair_notes,
+        in_launch=len([p for p in matrix if p in state.launch_pairs]),
+        launch_failures=state.launch_failures,
+    )  # fmt: skip
     state.report.thresholds.update(marks)
     state.add(result)
 
@@ -503,7 +595,10 @@ def matrix_stage(state: State) -> None:
 def isolation_stage(state: State) -> None:
     opts = state.opts
     began_at = time.monotonic()
-    tester = pair_tester(state, "isolate", known=dict(state.report.matrix))
+    # Only pairs measured by launches of their own are reused: the all-node launch ran beside
+    # the node(s) at fault, so isolation does not take its word for any pair.
+    own = {p: v for p, v in state.report.matrix.items() if p not in state.launch_pairs}
+    tester = pair_tester(state, "isolate", known=own)
     iso = pairs.isolate(
         [h.name for h in state.alive], tester, opts.min_busbw, relative=opts.pair_relative
     )

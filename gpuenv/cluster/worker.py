@@ -3,12 +3,16 @@
 ``torchrun ... -m gpuenv.cluster.worker torch`` measures a torch.distributed all-reduce sweep
 (NCCL on GPUs, gloo on CPU) across every rank of every node, with NCCL's own log read back to
 say which transport it used, then runs the DDP training step of the node check
-(gpuenv.checks.ddp.train) across the nodes. ``mpirun ... python3 -m gpuenv.cluster.worker mpi``
+(gpuenv.checks.ddp.train) across the nodes; given ``--pair-nodes``, the same launch then measures
+the node-pair matrix (``pair_phase``): the first rank of each node joins a 2-rank subgroup per
+pair, and the disjoint pairs of a round run at the same time, so torch is imported once per node
+for all three. ``mpirun ... python3 -m gpuenv.cluster.worker mpi``
 runs an mpi4py all-reduce of numpy arrays across the hostfile's nodes. ``python3 -m
 gpuenv.cluster.worker dask`` is one node's part of the dask stage (scheduler and client on the
 first node, one worker per GPU everywhere; gpuenv.checks.dask computes and judges). The first
 rank of each node prints one line ``GPUENV_RESULT {json}``: the controller collects one such line
-per node.
+per node (and in the pair phase one line per pair the node took part in, as soon as it is
+measured, so that a launch killed later keeps what was measured).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import socket
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,13 @@ from gpuenv import proc
 
 MARK = "GPUENV_RESULT "
 MIB = 1 << 20
+# The exit status of a torch rank whose pair phase met an error (it said which in its lines).
+PAIR_PHASE_FAILED = 3
+# A pair's operations time out this long before the launch's own timeout, at the latest, so
+# that the rank that waited can still say for whom.
+PAIR_MARGIN_S = 3.0
+# When this process started: the launch's timeout counts from about here.
+_STARTED_AT = time.monotonic()
 
 
 def _emit(payload: dict[str, Any]) -> None:
@@ -47,7 +59,16 @@ def _nccl_log_path(local_rank: int) -> str:
     return os.path.join(tempfile.gettempdir(), f"gpuenv-nccl-{run}-{local_rank}.log")
 
 
-def run_torch(sizes: list[int], iters: int, steps: int, timeout_s: float) -> None:
+def run_torch(
+    sizes: list[int],
+    iters: int,
+    steps: int,
+    timeout_s: float,
+    node: str = "",
+    pairs: PairPhase | None = None,
+) -> bool:
+    """The all-node sweep and DDP (one ``torch`` line per node), then the pair phase when
+    ``pairs`` asks for it. False: the pair phase met an error (said in its lines)."""
     import torch
     import torch.distributed as dist
 
@@ -110,7 +131,7 @@ def run_torch(sizes: list[int], iters: int, steps: int, timeout_s: float) -> Non
         unread = [str(log["error"]) for log in logs if "error" in log]
         if unread:
             transport["unread"] = unread
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+    if local_rank == 0:
         _emit(
             {
                 "kind": "torch",
@@ -126,11 +147,135 @@ def run_torch(sizes: list[int], iters: int, steps: int, timeout_s: float) -> Non
                 "nccl": ".".join(map(str, torch.cuda.nccl.version())) if gpu else None,
             }
         )
-    dist.barrier()
-    dist.destroy_process_group()
+    dist.barrier()  # the node's first rank has read every local rank's NCCL log
     if debug_file is not None:
         with contextlib.suppress(OSError):
             os.unlink(debug_file)
+    if pairs is None:
+        dist.destroy_process_group()
+        return True
+    return pair_phase(node, pairs, device, sync, timeout_s)
+
+
+@dataclass(frozen=True)
+class PairPhase:
+    """What the pair phase of the all-node launch measures: every pair of ``nodes`` (inventory
+    names, in the controller's order) once, in the rounds of gpuenv.cluster.pairs.all_pairs_rounds,
+    ``iters`` all-reduces of ``nbytes`` each; each pair's operations time out after
+    ``timeout_s``."""
+
+    nodes: tuple[str, ...]
+    nbytes: int
+    iters: int
+    timeout_s: float
+
+
+def _leaders(node: str, nodes: tuple[str, ...]) -> dict[str, int]:
+    """Global rank of every node's first local rank (the one device today's 2-node pair launch
+    used), by inventory name: every rank says which node it is on and which local rank it is."""
+    import torch.distributed as dist
+
+    me = (node, int(os.environ.get("LOCAL_RANK", "0")))
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, me)
+    found = {n: rank for rank, (n, local) in enumerate(everyone) if local == 0}
+    missing = [n for n in nodes if n not in found]
+    if missing or len(found) != len(nodes):
+        raise RuntimeError(
+            f"pair phase: ranks report nodes {sorted(found)}, expected {list(nodes)}"
+        )
+    return found
+
+
+def pair_phase(
+    node: str, phase: PairPhase, device: Any, sync: Any, launch_timeout_s: float
+) -> bool:
+    """The node-pair matrix inside the all-node launch.
+
+    Every rank creates every pair's subgroup (and one of the node leaders, whose all-reduce of
+    one element separates the rounds) in the same order, as torch.distributed requires; then
+    each node's first rank runs its pairs round by round: it says it starts the pair (a
+    ``pair-start`` line), one warm-up all-reduce whose values are checked, then ``iters`` timed
+    ones, busbw = algbw for 2 ranks (a ``pair`` line). Each pair's subgroup has the phase's own
+    timeout (cut to what is left of the launch's): a partner that hangs makes its peer's
+    operation fail in time, and the peer's line names the pair and the error; that rank then
+    stops (its launch fails, and the controller stops the others). Where even that is too late,
+    the ``pair-start`` lines say who joined a pair and who never did. True when every pair of
+    this node was measured.
+    """
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from gpuenv.checks import ranklog
+    from gpuenv.cluster.pairs import all_pairs_rounds
+
+    left_s = launch_timeout_s - (time.monotonic() - _STARTED_AT) - PAIR_MARGIN_S
+    timeout = timedelta(seconds=max(1.0, min(phase.timeout_s, left_s)))
+    leaders = _leaders(node, phase.nodes)
+    rounds = all_pairs_rounds(phase.nodes)
+    groups = {
+        (a, b): dist.new_group(sorted((leaders[a], leaders[b])), timeout=timeout)
+        for round_pairs in rounds
+        for a, b in round_pairs
+    }
+    between = dist.new_group(sorted(leaders.values()), timeout=timeout)
+    rank = dist.get_rank()
+    if leaders[node] != rank:
+        return True  # not a node's first rank: only the groups needed it
+    # Test-only (GPUENV_FAULT): "rank" is the node's place in the phase's node list here.
+    ranklog.fault_point("cluster-pairs", phase.nodes.index(node), "pair")
+    tick = torch.zeros(1, device=device)
+    for round_pairs in rounds:
+        mine = next(((a, b) for a, b in round_pairs if node in (a, b)), None)
+        if mine is not None:
+            _emit({"kind": "pair-start", "a": mine[0], "b": mine[1], "node": node})
+            line = _one_pair(mine, groups[mine], leaders, phase, node, device, sync)
+            _emit(line)
+            if "error" in line:
+                return False
+        try:
+            dist.all_reduce(tick, group=between)  # the next round starts together
+            sync()
+        except RuntimeError as exc:
+            _emit({"kind": "pair-phase", "node": node, "error": f"between rounds: {exc}"})
+            return False
+    return True
+
+
+def _one_pair(
+    pair: tuple[str, str],
+    group: Any,
+    leaders: dict[str, int],
+    phase: PairPhase,
+    node: str,
+    device: Any,
+    sync: Any,
+) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    a, b = pair
+    line: dict[str, Any] = {"kind": "pair", "a": a, "b": b, "node": node, "bytes": phase.nbytes}
+    began_at = time.monotonic()
+    try:
+        x = torch.empty(phase.nbytes // 4, dtype=torch.float32, device=device)
+        x.fill_(dist.get_rank() + 1)
+        dist.all_reduce(x, group=group)  # warm-up, and the value check
+        sync()
+        line["correct"] = bool(torch.all(x == leaders[a] + leaders[b] + 2).item())
+        dist.all_reduce(torch.zeros(1, device=device), group=group)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(phase.iters):
+            dist.all_reduce(x, group=group)
+        sync()
+        seconds = (time.perf_counter() - t0) / phase.iters
+        line["busbw_gbps"] = _busbw(phase.nbytes, seconds, 2)[1]
+    except RuntimeError as exc:  # gloo's timeout, a peer that left (torch's DistError too)
+        line["error"] = f"{type(exc).__name__} after {time.monotonic() - began_at:.1f} s: {exc}"
+    return line
 
 
 def run_mpi(nbytes: int, iters: int) -> None:
@@ -279,6 +424,22 @@ def run_dask(
     _emit(payload)
 
 
+def _die_with_parent() -> None:
+    """Be killed when torchrun's agent dies. The agent starts each rank in a session of its own,
+    so the process-group kill that ends a launch at its deadline (on a node: coreutils
+    ``timeout``) reaches the agent but not the ranks; the agent forwards SIGTERM, which a rank
+    that is stopped or stuck never acts on. SIGKILL from the kernel (Linux PR_SET_PDEATHSIG)
+    ends it whatever state it is in."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the agent is already gone
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuenv.cluster.worker")
     sub = parser.add_subparsers(dest="what", required=True)
@@ -287,6 +448,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--iters", type=int, default=5)
     t.add_argument("--steps", type=int, default=5)
     t.add_argument("--timeout", type=float, default=60.0)
+    # Not --node: torchrun's parser would take it for an abbreviation of its --node-rank.
+    t.add_argument("--node-name", default=socket.gethostname(), help="this node's inventory name")
+    t.add_argument("--pair-nodes", default="", help="inventory names, comma-separated: the"
+                   " pair phase measures every pair of them (none: no pair phase)")  # fmt: skip
+    t.add_argument("--pair-bytes", type=int, default=64 * MIB)
+    t.add_argument("--pair-timeout", type=float, default=30.0)
     m = sub.add_parser("mpi")
     m.add_argument("--bytes", type=int, default=8 * MIB)
     m.add_argument("--iters", type=int, default=5)
@@ -308,14 +475,18 @@ def main(argv: list[str] | None = None) -> int:
                  args.n, args.chunk, args.run_id, args.node, args.timeout)  # fmt: skip
         return 0
     if args.what == "torch":
+        _die_with_parent()
         sizes = [int(s) for s in args.sizes.split(",") if s]
-        run_torch(sizes, args.iters, args.steps, args.timeout)
+        nodes = tuple(n for n in args.pair_nodes.split(",") if n)
+        phase = PairPhase(nodes, args.pair_bytes, args.iters, args.pair_timeout) if nodes else None
+        done = run_torch(sizes, args.iters, args.steps, args.timeout, args.node_name, phase)
         # gloo's threads can abort the interpreter's teardown ("terminate called without an
         # active exception", seen with torch 2.13 CPU): the work is done and reported, so leave
-        # without running C++ static destructors.
+        # without running C++ static destructors. A pair phase that met an error fails the
+        # launch, so that the controller stops the other nodes at once.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(0 if done else PAIR_PHASE_FAILED)
     else:
         run_mpi(args.bytes, args.iters)
     return 0

@@ -70,3 +70,23 @@ def test_dask_names_the_node_without_a_report_and_what_was_left_running():
     assert (
         result.details["left_running"] == {"b": ["42"]} and result.details["scheduler"] == "a:29464"
     )
+
+
+def test_a_pair_that_failed_in_the_all_node_launch_says_why_and_the_launch_failure_fails():
+    matrix = {("a", "b"): 10.0, ("a", "c"): 9.5, ("b", "c"): None}
+    notes = {("b", "c"): "b: RuntimeError after 10.0 s: timed out; c never joined the pair"}
+    failures = {"b": "exit status 1", "c": "stopped because b failed first"}
+    result, _ = judge.pair_matrix(matrix, 1.0, 0.5, 64 * MIB, 1.0, notes=notes, in_launch=3,
+                                  launch_failures=failures)  # fmt: skip
+    assert result.status is Status.FAIL
+    assert f"pairs failed: b-c ({notes[('b', 'c')]})" in result.reason
+    assert (
+        "the all-node launch failed in its pair phase: b: exit status 1;"
+        " c: stopped because b failed first" in result.reason
+    )
+    assert result.details == {"in_all_node_launch": 3, "own_launches": 0,
+                              "all_node_launch_failed": failures}  # fmt: skip
+    # Every pair measured and passing, but the launch failed in its pair phase: still a FAIL.
+    healthy = {("a", "b"): 10.0, ("a", "c"): 9.5, ("b", "c"): 9.0}
+    result, _ = judge.pair_matrix(healthy, 1.0, 0.5, 64 * MIB, 1.0, launch_failures=failures)
+    assert result.status is Status.FAIL and "failed in its pair phase" in result.reason

@@ -78,3 +78,62 @@ def test_the_node_whose_rank_failed_is_named():
     )
     assert mpirun_failure(OMPI4, hosts).startswith("rank 2 on n3 failed")
     assert mpirun_failure("segmentation fault", hosts) is None
+
+
+def test_the_pair_phase_options_reach_the_worker_through_torchrun():
+    """torchrun's own parser abbreviates options: the worker's must not look like one of its
+    (``--node`` was taken for ``--node-rank``)."""
+    import shlex
+
+    import pytest
+
+    from gpuenv.cluster.worker import PairPhase
+
+    run = pytest.importorskip("torch.distributed.run")
+    host = Host(name="n1", address="10.0.0.1", rendezvous_address="10.0.0.1")
+    phase = PairPhase(("n1", "n2"), 1 << 20, 3, 12.5)
+    argv = shlex.split(launch.torchrun(host, host, 2, 29400, "all-1", 1, [1 << 20], 5, 5, 60.0,
+                                       phase))  # fmt: skip
+    args = run.get_args_parser().parse_args(argv[1:])
+    assert args.module and args.training_script == "gpuenv.cluster.worker"
+    assert args.training_script_args[-4:] == [
+        "--node-name=n1", "--pair-nodes=n1,n2", "--pair-bytes=1048576", "--pair-timeout=12",
+    ]  # fmt: skip
+
+
+def test_a_torch_rank_dies_with_its_agent_even_when_stopped():
+    """torchrun starts each rank in a session of its own: when the agent is killed (a launch's
+    deadline), a rank that is stopped or stuck must not outlive it."""
+    import signal
+    import sys
+    import time
+
+    rank = (
+        "from gpuenv.cluster.worker import _die_with_parent; _die_with_parent();"
+        " print('ready', flush=True); import time; time.sleep(120)"
+    )
+    agent = (
+        "import subprocess, sys, time;"
+        f" p = subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True,"
+        " stdout=subprocess.PIPE, text=True); p.stdout.readline();"
+        " print(p.pid, flush=True); time.sleep(120)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", agent], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(child, signal.SIGSTOP)
+    parent.kill()
+    parent.wait()
+
+    def gone():
+        try:
+            with open(f"/proc/{child}/stat") as fh:
+                return fh.read().split(") ")[1].startswith("Z")
+        except FileNotFoundError:
+            return True
+
+    give_up_at = time.monotonic() + 10
+    while not gone() and time.monotonic() < give_up_at:
+        time.sleep(0.1)
+    if not gone():
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError(f"rank {child} outlived its agent")

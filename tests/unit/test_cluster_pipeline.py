@@ -245,3 +245,122 @@ def test_the_health_stage_names_a_sick_gpu_before_any_launch(tmp_path):
     sick = by(run, "health", "b")
     assert sick.status is Status.FAIL
     assert "node xid 79: reboot" in sick.reason and "GPU has fallen off the bus" in sick.reason
+
+
+def _answer(name, rc, *payloads, error=""):
+    import json
+
+    from gpuenv.cluster.fanout import NodeAnswer
+    from gpuenv.cluster.worker import MARK
+
+    out = "".join(f"{MARK}{json.dumps(p)}\n" for p in payloads)
+    return NodeAnswer(name, rc, stdout=out, error=error)
+
+
+def _pair(a, b, node, **kw):
+    return {"kind": "pair", "a": a, "b": b, "node": node, **kw}
+
+
+def _start(a, b, node):
+    return {"kind": "pair-start", "a": a, "b": b, "node": node}
+
+
+def test_the_pair_phase_lines_make_measured_failed_and_unreached_pairs():
+    """Rounds of n1..n4: (n1,n4),(n2,n3) / (n1,n3),(n4,n2) / (n1,n2),(n3,n4). Round 1 measured;
+    in round 2 n4 reported wrong values and n3 never joined n1's pair; round 3 never started
+    (the launch was stopped): those pairs are left to launches of their own."""
+    from gpuenv.cluster import pairs
+    from gpuenv.cluster.worker import PairPhase
+    from gpuenv.results import ClusterReport
+
+    nodes = ("n1", "n2", "n3", "n4")
+    assert pairs.all_pairs_rounds(nodes) == [
+        [("n1", "n4"), ("n2", "n3")], [("n1", "n3"), ("n4", "n2")], [("n1", "n2"), ("n3", "n4")]
+    ]  # fmt: skip
+    torch = {"kind": "torch", "sweep": []}
+    ok = dict(correct=True)
+    outcomes = {
+        "n1": _answer("n1", 1, torch, _start("n1", "n4", "n1"),
+                      _pair("n1", "n4", "n1", busbw_gbps=5.0, **ok), _start("n1", "n3", "n1"),
+                      _pair("n1", "n3", "n1", error="RuntimeError after 9.0 s: timed out")),
+        "n2": _answer("n2", None, torch, _start("n2", "n3", "n2"),
+                      _pair("n2", "n3", "n2", busbw_gbps=6.0, **ok), _start("n4", "n2", "n2"),
+                      _pair("n4", "n2", "n2", busbw_gbps=6.0, **ok),
+                      error="stopped because n1 failed first"),
+        "n3": _answer("n3", None, torch, _start("n2", "n3", "n3"),
+                      _pair("n2", "n3", "n3", busbw_gbps=4.0, **ok),
+                      error="stopped because n1 failed first"),
+        "n4": _answer("n4", None, torch, _start("n1", "n4", "n4"),
+                      _pair("n1", "n4", "n4", busbw_gbps=7.0, **ok), _start("n4", "n2", "n4"),
+                      _pair("n4", "n2", "n4", busbw_gbps=6.0, correct=False),
+                      error="stopped because n1 failed first"),
+    }  # fmt: skip
+    state = pipeline.State([emulated(n) for n in nodes], opts(), ClusterReport(hosts=list(nodes)))
+    pipeline._gather_pairs(state, PairPhase(nodes, 1 << 20, 2, 10.0), outcomes)
+    assert state.launch_pairs == {("n1", "n4"): 5.0, ("n2", "n3"): 4.0, ("n1", "n3"): None,
+                                  ("n4", "n2"): None}  # fmt: skip
+    assert state.launch_pair_notes[("n1", "n3")] == (
+        "n1: RuntimeError after 9.0 s: timed out;"
+        " n3 never joined the pair (n1 waited) (stopped because n1 failed first)"
+    )
+    assert state.launch_pair_notes[("n4", "n2")] == "n4: all-reduce gave wrong values"
+    assert state.launch_failures == {
+        "n1": "exit status 1",
+        **{n: "stopped because n1 failed first" for n in ("n2", "n3", "n4")},
+    }
+
+
+def test_a_node_that_joined_a_pair_and_never_finished_is_named():
+    from gpuenv.cluster.worker import PairPhase
+    from gpuenv.results import ClusterReport
+
+    nodes = ("a", "b")
+    torch = {"kind": "torch", "sweep": []}
+    outcomes = {
+        "a": _answer("a", None, torch, _start("a", "b", "a"), error="did not finish within 40 s"),
+        "b": _answer("b", None, torch, _start("a", "b", "b"), error="stopped because a failed"),
+    }
+    state = pipeline.State([emulated(n) for n in nodes], opts(), ClusterReport(hosts=list(nodes)))
+    pipeline._gather_pairs(state, PairPhase(nodes, 1 << 20, 2, 10.0), outcomes)
+    assert state.launch_pairs == {("a", "b"): None}
+    assert state.launch_pair_notes[("a", "b")] == (
+        "a joined the pair and never finished it (did not finish within 40 s);"
+        " b joined the pair and never finished it (stopped because a failed)"
+    )
+
+
+def test_isolation_reuses_only_pairs_measured_by_their_own_launches(monkeypatch):
+    from gpuenv.results import ClusterReport
+
+    names = ["a", "b", "c", "d"]
+    state = pipeline.State([emulated(n) for n in names], opts(), ClusterReport(hosts=names))
+    state.alive = list(state.hosts)
+    state.launch_pairs = {("a", "d"): 5.0, ("b", "c"): 5.0}
+    state.report.matrix = {("a", "d"): 5.0, ("b", "c"): 5.0, ("a", "c"): 5.0}
+    state.busbw_ok = False
+    seen = {}
+
+    def tester(_state, label, known=None):
+        seen[label] = dict(known or {})
+        return lambda round_pairs: {p: 5.0 for p in round_pairs}
+
+    monkeypatch.setattr(pipeline, "pair_tester", tester)
+    pipeline.isolation_stage(state)
+    assert seen == {"isolate": {("a", "c"): 5.0}}
+
+
+def test_the_all_node_launch_asks_for_the_pair_phase_only_when_the_matrix_is_wanted():
+    hosts = [emulated(n) for n in ("a", "b", "c")]
+    from gpuenv.results import ClusterReport
+
+    def phase(**kw):
+        state = pipeline.State(hosts, opts(**kw), ClusterReport(hosts=["a", "b", "c"]))
+        state.alive = hosts
+        return pipeline._pair_phase(state, 90.0)
+
+    got = phase(stages=("rendezvous", "torch", "pairs"), pair_bytes=1 << 20, iters=3)
+    assert got is not None and got.nodes == ("a", "b", "c")
+    assert (got.nbytes, got.iters, got.timeout_s) == (1 << 20, 3, 30.0)
+    assert phase(stages=("rendezvous", "torch")) is None
+    assert phase(stages=("rendezvous", "torch", "pairs"), matrix_max_nodes=2) is None
+    assert phase(stages=()) is not None  # every stage that is not optional: pairs included
