@@ -177,6 +177,10 @@ class Stage:
     multi_node: bool = False  # needs at least 2 nodes that answered
     needs: tuple[str, ...] = ()  # cluster results that must have PASSed first
     optional: bool = False  # runs only when asked (named in Options.stages)
+    # The cluster results it gives under other names than its own (the verdict requires them by
+    # those names): a stage that could not run gives each a SKIP, so a required one is not taken
+    # for a stage the user left out.
+    gives: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- probe, check, consistency
@@ -852,7 +856,13 @@ STAGES: tuple[Stage, ...] = (
     Stage("consistency", consistency_stage),
     Stage("slurm", slurm_stage),
     Stage("rendezvous", rendezvous_stage, multi_node=True),
-    Stage("torch", torch_stage, multi_node=True, needs=("rendezvous",)),
+    Stage(
+        "torch",
+        torch_stage,
+        multi_node=True,
+        needs=("rendezvous",),
+        gives=("allreduce", "busbw", "ddp"),
+    ),
     Stage("mpi", mpi_stage, multi_node=True, needs=("rendezvous",)),
     Stage("pairs", pairs_stage, multi_node=True, needs=("rendezvous",)),
     Stage("fabric", fabric_stage, multi_node=True, needs=("rendezvous",)),
@@ -876,6 +886,8 @@ def validate(hosts: Sequence[Host], opts: Options | None = None) -> ClusterRepor
         why = _why_not(stage, state)
         if why:
             state.add(judge.skip(stage.name, why))
+            for name in stage.gives:
+                state.add(judge.skip(name, f"the {stage.name} stage did not run: {why}"))
             continue
         stage.run(state)
     state.report.duration_s = time.monotonic() - began_at

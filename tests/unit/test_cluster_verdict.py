@@ -36,7 +36,8 @@ def test_a_healthy_one_node_cluster_is_ok_and_the_excused_skips_say_so():
     report = _judge(["node1"])
     assert report.verdict.ok, report.verdict.problems
     skipped = [r for r in report.results if r.status is Status.SKIP]
-    assert {r.check for r in skipped} == set(STAGES)
+    # the torch stage's own checks say it did not run, under the names the profile requires
+    assert {r.check for r in skipped} == {*STAGES, "allreduce", "busbw", "ddp"}
     for r in skipped:
         assert r.reason.endswith(f"({EXCUSED_ONE_NODE})"), r.reason
     assert "nothing to compare" in next(r.reason for r in skipped if r.check == "consistency")
@@ -85,3 +86,18 @@ def test_leaving_out_the_check_stage_never_passes_a_gpu_node():
 def test_the_probe_facts_are_in_the_report_without_the_consistency_stage():
     report = _judge(["node1"], stages=("rendezvous",))
     assert "gpu.count" in report.facts["node1"]
+
+
+def test_a_required_check_whose_stage_could_not_run_is_not_taken_for_one_left_out(monkeypatch):
+    """torch missing from the nodes: the torch stage cannot run, so allreduce and ddp, which the
+    profile requires, did not run; only a stage the user left out (--skip) is left out."""
+    monkeypatch.setitem(pipeline._PACKAGES, "torch", "gpuenv_no_such_package")
+    report = _judge(["node1", "node2"])
+    assert not report.verdict.ok
+    assert any(
+        p.startswith("required check allreduce did not run: the torch stage did not run:")
+        and "gpuenv_no_such_package is not installed on any node" in p
+        for p in report.verdict.problems
+    ), report.verdict.problems
+    left_out = _judge(["node1", "node2"], stages=("consistency", "rendezvous", "mpi"))
+    assert left_out.verdict.ok, left_out.verdict.problems
