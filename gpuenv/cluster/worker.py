@@ -467,12 +467,12 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--n", type=int, default=4096)
     d.add_argument("--chunk", type=int, default=1024)
     d.add_argument("--run-id", required=True)
-    d.add_argument("--node", default=socket.gethostname(), help="this node's inventory name")
+    d.add_argument("--node-name", default=socket.gethostname(), help="this node's inventory name")
     d.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
     if args.what == "dask":
         run_dask(args.scheduler, args.workers, args.gpus, args.total, args.client, args.blocks,
-                 args.n, args.chunk, args.run_id, args.node, args.timeout)  # fmt: skip
+                 args.n, args.chunk, args.run_id, args.node_name, args.timeout)  # fmt: skip
         return 0
     if args.what == "torch":
         _die_with_parent()

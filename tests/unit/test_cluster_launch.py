@@ -137,3 +137,37 @@ def test_a_torch_rank_dies_with_its_agent_even_when_stopped():
     if not gone():
         os.kill(child, signal.SIGKILL)
         raise AssertionError(f"rank {child} outlived its agent")
+
+
+def test_the_worker_accepts_every_launch_command_line(monkeypatch):
+    """What launch builds for the worker, the worker's own parser takes: the torch stage (with
+    and without the pair phase), mpi and both sides of dask."""
+    import shlex
+
+    from gpuenv.cluster import worker
+    from gpuenv.cluster.worker import PairPhase
+
+    seen = []
+    monkeypatch.setattr(worker, "run_dask", lambda *a: seen.append(("dask", a)))
+    monkeypatch.setattr(worker, "run_mpi", lambda *a: seen.append(("mpi", a)))
+    first = Host(name="n1", address="10.0.0.1", rendezvous_address="10.0.0.1", python="python3")
+    other = Host(name="n2", address="10.0.0.2", rendezvous_address="10.0.0.2", python="python3")
+    for host in (first, other):
+        argv = shlex.split(launch.dask(host, first, 29464, "dask-1", 2, 0, 4, "numpy",
+                                       (512, 128), 60.0))  # fmt: skip
+        assert worker.main(argv[argv.index("gpuenv.cluster.worker") + 1 :]) == 0
+    assert [a[-2] for _, a in seen] == ["n1", "n2"]  # each node's inventory name
+    assert [a[4] for _, a in seen] == [True, False]  # the first node runs the client
+    argv = shlex.split(launch.mpirun(first, [first, other], 1 << 20, 3))
+    if "gpuenv.cluster.worker" in argv:
+        assert worker.main(argv[argv.index("gpuenv.cluster.worker") + 1 :]) == 0
+    phase = PairPhase(("n1", "n2"), 1 << 20, 3, 12.5)
+    parser_argv = shlex.split(
+        launch.torchrun(first, first, 2, 29400, "all-1", 1, [1 << 20], 5, 5, 60.0, phase)
+    )
+    worker_args = parser_argv[parser_argv.index("gpuenv.cluster.worker") + 1 :]
+    monkeypatch.setattr(worker, "run_torch", lambda *a: seen.append(("torch", a)) or True)
+    monkeypatch.setattr(worker, "_die_with_parent", lambda: None)
+    monkeypatch.setattr(worker.os, "_exit", lambda code: seen.append(("exit", code)))
+    worker.main(worker_args)
+    assert seen[-2][0] == "torch" and seen[-2][1][4] == "n1" and seen[-1] == ("exit", 0)
