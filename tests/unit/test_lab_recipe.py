@@ -138,3 +138,15 @@ def test_lab_nodes_unpack_without_fsync_and_without_manuals():
     assert files["etc/apt/apt.conf.d/02gpuenv-lab"] == 'Acquire::Languages "none";\n'
     # Image settings, so the recipe (and the image) changes with them.
     assert recipe.LAB_DPKG_CFG.encode() in {f.content for f in _node([CERT_A]).files}
+
+
+def test_the_cache_takes_over_a_volume_left_by_an_image_of_another_distribution():
+    """apt-cacher-ng's uid differs between Debian 12 and 13 images; the cache volume outlives
+    them: the entry point hands the volume's files to this image's apt-cacher-ng before it
+    starts (seen: every index fetch failed with 'Cannot create cache files')."""
+    from gpuenv.lab import recipe
+
+    text = recipe._CACHE_ENTRYPOINT
+    takeover = "find /var/cache/apt-cacher-ng ! -user apt-cacher-ng -exec chown"
+    assert takeover in text
+    assert text.index(takeover) < text.index("exec setpriv")
