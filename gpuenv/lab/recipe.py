@@ -222,7 +222,7 @@ install -d -o apt-cacher-ng -g apt-cacher-ng /var/cache/apt-cacher-ng /var/log/a
     /run/apt-cacher-ng
 # The cache volume outlives the image: one built on another distribution gave apt-cacher-ng
 # another uid, and its files would be unwritable ("Cannot create cache files").
-find /var/cache/apt-cacher-ng ! -user apt-cacher-ng -exec chown apt-cacher-ng:apt-cacher-ng {} +
+find /var/cache/apt-cacher-ng ! -user apt-cacher-ng -exec chown -h apt-cacher-ng:apt-cacher-ng {} +
 mkdir -p /srv/wheels
 python3 -m http.server 8080 --bind 0.0.0.0 --directory /srv/wheels &
 exec setpriv --reuid apt-cacher-ng --regid apt-cacher-ng --init-groups \\

@@ -147,6 +147,6 @@ def test_the_cache_takes_over_a_volume_left_by_an_image_of_another_distribution(
     from gpuenv.lab import recipe
 
     text = recipe._CACHE_ENTRYPOINT
-    takeover = "find /var/cache/apt-cacher-ng ! -user apt-cacher-ng -exec chown"
+    takeover = "find /var/cache/apt-cacher-ng ! -user apt-cacher-ng -exec chown -h"
     assert takeover in text
     assert text.index(takeover) < text.index("exec setpriv")
