@@ -108,6 +108,28 @@ def _options(p: argparse.ArgumentParser) -> None:
         help="deadline of each check, replacing the per-check defaults",
     )
     p.add_argument("--node", help="node name in the results (default: short host name)")
+    p.add_argument(
+        "--left-to-cluster",
+        action="append",
+        metavar="NAMES",
+        help="comma-separated checks not run here because gpuenv cluster runs them across the"
+        " nodes with every rank of this node, and requires them there (gpuenv cluster sets it)",
+    )
+
+
+def _leave(names: list[str], left: list[str], registry: Any) -> list[str]:
+    """``names`` less the checks ``--left-to-cluster`` names (never the probe: every run needs
+    it); an unknown name is bad input, as in ``--only``."""
+    from gpuenv.checks.base import Placement
+
+    try:
+        gone = resolve_names(left, list(registry))
+    except BadInput as exc:
+        raise BadInput(str(exc).replace("--only", "--left-to-cluster", 1)) from None
+    probe = [n for n in gone if registry[n].PLACEMENT is Placement.PROBE]
+    if probe:
+        raise BadInput(f"--left-to-cluster: {probe[0]} is the probe; every node run needs it")
+    return [n for n in names if n not in gone]
 
 
 def resolve_names(
@@ -147,6 +169,8 @@ def handler(args: argparse.Namespace) -> int:
         REGISTRY,
         resolve_names(args.only, list(REGISTRY), default_names(REGISTRY, thresholds, args.profile)),
     )
+    if args.left_to_cluster:
+        names = _leave(names, args.left_to_cluster, REGISTRY)
     output_target("--json", args.json, stdout_ok=True)
     output_target("--junit", args.junit)
     visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))

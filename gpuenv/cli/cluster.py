@@ -209,11 +209,10 @@ def handler(args: argparse.Namespace) -> int:
         check_args = shlex.split(args.check_args)
     except ValueError as exc:
         raise BadInput(f"--check-args: {exc}") from exc
-    if {"--json", "--junit", "--node", "--profile", "--thresholds-text"} & set(check_args):
-        raise BadInput(
-            "--check-args: --json, --junit, --node, --profile and --thresholds-text are set by"
-            " gpuenv cluster"
-        )
+    reserved = ("--json", "--junit", "--node", "--profile", "--thresholds-text",
+                "--left-to-cluster")  # fmt: skip
+    if set(reserved) & {a.partition("=")[0] for a in check_args}:
+        raise BadInput(f"--check-args: {', '.join(reserved)} are set by gpuenv cluster")
     from gpuenv.cli.check import validate_node_args
 
     validate_node_args("--check-args", check_args)
@@ -262,7 +261,12 @@ def handler(args: argparse.Namespace) -> int:
         gdr_required=False if args.no_gdr_required else bool(thresholds["fabric"]["gdr_required"]),
         pair_efficiency=float(thresholds["fabric"]["pair_efficiency"]),
         slurm=slurm,
-    )
+        cluster_requires={
+            "gpu" if gpu else "cpu": tuple(requirements(thresholds, args.profile, gpu, "cluster")
+                                           or ())
+            for gpu in (True, False)
+        },
+    )  # fmt: skip
     report = _run(opts, hosts, args.profile, thresholds, out, not args.no_progress)
     _write_reports(report, args, out)
     return 0 if report.ok else 1

@@ -110,6 +110,9 @@ class Options:
     pair_efficiency: float | None = None  # None: thresholds.yaml fabric.pair_efficiency
     # --launcher srun: the multi-node launches are one srun each (gpuenv.cluster.slurm); None: ssh
     slurm: slurm_launch.Slurm | None = None
+    # The cluster checks the profile requires, by kind of cluster ("gpu", "cpu"): a node check
+    # is left to a cluster stage only when the cluster's verdict requires that stage's result.
+    cluster_requires: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     progress: Progress = field(default_factory=Silent)
 
 
@@ -128,6 +131,8 @@ class State:
     launch_pairs: dict[pairs.Pair, float | None] = field(default_factory=dict)
     launch_pair_notes: dict[pairs.Pair, str] = field(default_factory=dict)
     launch_failures: dict[str, str] = field(default_factory=dict)
+    # The node checks each node left to the cluster stages (`gpuenv check --left-to-cluster`).
+    left: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, result: Result) -> None:
         self.report.results.append(result)
@@ -223,14 +228,54 @@ def health_stage(state: State) -> None:
     state.report.results.extend(health.results(health.gather(outcomes), health.CLUSTER_FAIL_ON))
 
 
+# The node checks a cluster stage runs again across the nodes: check name -> stage.
+COVERING_STAGES = {"ddp": "torch", "mpi": "mpi"}
+
+
+def left_to_cluster(h: Host, state: State) -> list[str]:
+    """The node checks that the cluster's own launches run with every rank of node ``h``, so
+    that the node's `gpuenv check` leaves them out and torch starts once per node per run.
+
+    ``ddp``: the all-node torchrun runs DDP with a rank on each of the node's GPUs (on a node
+    without GPUs, its CPU ranks over gloo, as the node's check does). ``mpi``: only on a node
+    without GPUs, where the node's check and the cluster's mpirun both pass numpy buffers; on a
+    GPU node the node's check passes CuPy buffers between its GPUs, which the cluster's run does
+    not. Nothing is left when the user chose the node checks (``--only`` in --check-args), the
+    cluster's verdict does not require the covering result, its stage is not selected, or fewer
+    than two nodes answered (the multi-node stages then cannot run).
+    """
+    opts = state.opts
+    if len(state.alive) < 2 or any(a.partition("=")[0] == "--only" for a in opts.check_args):
+        return []
+    kind = "gpu" if any(_gpus(n, state) for n in state.alive) else "cpu"
+    required = opts.cluster_requires.get(kind, ())
+    gpus = _gpus(h, state)
+    left = []
+    for check, stage in COVERING_STAGES.items():
+        if check not in required or (opts.stages and stage not in opts.stages):
+            continue
+        if check == "ddp" and gpus and _nproc(h, state) != gpus:
+            continue
+        if check == "mpi" and gpus:
+            continue
+        left.append(check)
+    return left
+
+
 def check_stage(state: State) -> None:
+    state.left = {h.name: left_to_cluster(h, state) for h in state.alive}
+
     def command(h: Host) -> str:
         argv = [h.python, "-m", "gpuenv", "check", "--json", "-", "--node", h.name]
         if h.expect_gpus is not None:
             argv += ["--expect-gpus", str(h.expect_gpus)]
+        if state.left[h.name]:
+            argv += ["--left-to-cluster", ",".join(state.left[h.name])]
         return shlex.join([*argv, *state.opts.check_args])
 
-    outcomes = state.fan_out(state.alive, command, "gpuenv check")
+    left = sorted({c for names in state.left.values() for c in names})
+    label = "gpuenv check" + (f" ({', '.join(left)}: in the cluster launches)" if left else "")
+    outcomes = state.fan_out(state.alive, command, label)
     for name, out in outcomes.items():
         try:
             if out.rc not in (0, 1):
@@ -888,10 +933,25 @@ def validate(hosts: Sequence[Host], opts: Options | None = None) -> ClusterRepor
             state.add(judge.skip(stage.name, why))
             for name in stage.gives:
                 state.add(judge.skip(name, f"the {stage.name} stage did not run: {why}"))
-            continue
-        stage.run(state)
+        else:
+            stage.run(state)
+        _name_left(state, stage)
     state.report.duration_s = time.monotonic() - began_at
     return state.report
+
+
+def _name_left(state: State, stage: Stage) -> None:
+    """A cluster result that stands for node checks the nodes left to its stage says so, and
+    which nodes: its PASS is their PASS, its FAIL or SKIP their failure."""
+    for check, covering in COVERING_STAGES.items():
+        nodes = sorted(n for n, left in state.left.items() if check in left)
+        if covering != stage.name or not nodes:
+            continue
+        for r in reversed(state.report.results):
+            if r.check == check and r.node == CLUSTER_NODE:
+                r.reason += f" [stands for the {check} check of {', '.join(nodes)}]"
+                r.details["node_checks_left_here"] = nodes
+                break
 
 
 def _why_not(stage: Stage, state: State) -> str | None:

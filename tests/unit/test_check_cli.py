@@ -447,3 +447,50 @@ def test_cluster_hands_its_thresholds_file_to_every_node(monkeypatch, tmp_path, 
     assert got["thresholds"]["gpu_specs"]["H20"]["fp16_dense_tflops"] == 148
     code, err = _run(["cluster", "-i", "h", "--check-args=--thresholds-text x"], capsys)
     assert code == 2 and "set by gpuenv cluster" in err
+
+
+def test_checks_left_to_the_cluster_are_not_run_nor_required(monkeypatch, capsys, tmp_path):
+    ran = []
+
+    def fake(registry, ctx, names, progress=None):
+        ran.extend(names)
+        return _fake_run({})(registry, ctx, names, progress)
+
+    monkeypatch.setattr(gpuenv.checks.session, "run_checks", fake)
+    out = tmp_path / "r.json"
+    argv = ["check", "--profile", "cpu", "--left-to-cluster", "ddp,mpi", "--json", str(out)]
+    assert main(argv) == 0
+    assert "ddp" not in ran and "mpi" not in ran and "system" in ran
+    assert json.loads(out.read_text())["verdict"]["ok"] is True
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("nosuch", "--left-to-cluster: unknown check(s) 'nosuch'"),
+        ("system", "--left-to-cluster: system is the probe; every node run needs it"),
+    ],
+)
+def test_left_to_cluster_refuses_unknown_checks_and_the_probe(no_run, capsys, value, message):
+    code, err = _run(["check", "--left-to-cluster", value], capsys)
+    assert code == 2 and message in err
+
+
+def test_cluster_sets_the_checks_left_to_it_and_refuses_them_in_check_args(monkeypatch, capsys):
+    from gpuenv.cli import cluster as cluster_cli
+    from gpuenv.cluster import inventory
+
+    got = {}
+
+    def fake_run(opts, hosts, profile, thresholds, out, live):
+        got["opts"] = opts
+        raise SystemExit(0)
+
+    monkeypatch.setattr(inventory, "load", lambda *_a, **_k: [])
+    monkeypatch.setattr(cluster_cli, "_run", fake_run)
+    _run(["cluster", "-i", "hosts.yml", "--profile", "cpu", "--no-progress"], capsys)
+    assert got["opts"].cluster_requires == {
+        "gpu": (), "cpu": ("consistency", "rendezvous", "allreduce", "ddp", "mpi")
+    }  # fmt: skip
+    code, err = _run(["cluster", "-i", "h", "--check-args=--left-to-cluster=ddp"], capsys)
+    assert code == 2 and "set by gpuenv cluster" in err

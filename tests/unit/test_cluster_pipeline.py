@@ -364,3 +364,93 @@ def test_the_all_node_launch_asks_for_the_pair_phase_only_when_the_matrix_is_wan
     assert phase(stages=("rendezvous", "torch")) is None
     assert phase(stages=("rendezvous", "torch", "pairs"), matrix_max_nodes=2) is None
     assert phase(stages=()) is not None  # every stage that is not optional: pairs included
+
+
+QUICK_CLUSTER = {"gpu": ("consistency", "rendezvous", "allreduce", "busbw", "ddp", "mpi"),
+                 "cpu": ()}  # fmt: skip
+CPU_CLUSTER = {"gpu": (), "cpu": ("consistency", "rendezvous", "allreduce", "ddp", "mpi")}
+
+
+def _state(gpus, n=3, **kw):
+    from gpuenv.results import ClusterReport
+
+    hosts = [emulated(f"n{i}") for i in range(n)]
+    state = pipeline.State(hosts, pipeline.Options(**kw), ClusterReport(hosts=[]))
+    state.probes = {h.name: {"facts": {"gpu.count": str(gpus)}} for h in hosts}
+    state.alive = hosts
+    return state
+
+
+def test_node_checks_left_to_the_cluster_launches_only_where_those_run_every_rank():
+    left = pipeline.left_to_cluster
+    # CPU nodes: the all-node torchrun's DDP and the mpirun pass the same CPU buffers.
+    cpu = _state(0, cluster_requires=CPU_CLUSTER, check_args=["--profile", "cpu"])
+    assert left(cpu.alive[0], cpu) == ["ddp", "mpi"]
+    # GPU nodes: DDP runs a rank on each GPU; the node's mpi check passes CuPy buffers, which
+    # the cluster's mpirun does not, so it stays.
+    gpu = _state(8, cluster_requires=QUICK_CLUSTER)
+    assert left(gpu.alive[0], gpu) == ["ddp"]
+    # Fewer ranks than GPUs: some GPUs never run DDP in the cluster launch.
+    assert left(gpu.alive[0], _state(8, cluster_requires=QUICK_CLUSTER, nproc_per_node=4)) == []
+    # The user chose the node checks, the stage is not selected, the verdict does not require
+    # the covering result, or one node: nothing is left.
+    only = _state(0, cluster_requires=CPU_CLUSTER, check_args=["--profile", "cpu", "--only=ddp"])
+    assert left(only.alive[0], only) == []
+    no_torch = _state(0, cluster_requires=CPU_CLUSTER, stages=("check", "rendezvous", "mpi"))
+    assert left(no_torch.alive[0], no_torch) == ["mpi"]
+    assert left(gpu.alive[0], _state(8, cluster_requires={"gpu": ("ddp",)})) == ["ddp"]
+    assert left(gpu.alive[0], _state(8)) == []
+    solo = _state(0, n=1, cluster_requires=CPU_CLUSTER)
+    assert left(solo.alive[0], solo) == []
+
+
+def test_the_check_stage_leaves_ddp_to_the_torch_launch_and_its_result_says_so(tmp_path):
+    log = tmp_path / "argv.log"
+    python = tmp_path / "python3"
+    python.write_text(
+        FAKE_NODE.replace(
+            "import json, sys",
+            f"import json, subprocess, sys\nREAL = {sys.executable!r}\n"
+            f"open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+            "if sys.argv[1:3] == ['-m', 'gpuenv']:\n"
+            "    sys.exit(subprocess.call([REAL, *sys.argv[1:], '--only', 'system']))",
+        )
+    )
+    python.chmod(0o755)
+    hosts = [emulated("a", python=str(python)), emulated("b", python=str(python))]
+    run = pipeline.validate(
+        hosts, opts(stages=("check", "rendezvous", "torch"), cluster_requires=QUICK_CLUSTER)
+    )
+    checks = [line for line in log.read_text().splitlines() if line.startswith("-m gpuenv ")]
+    assert len(checks) == 2 and all("--left-to-cluster ddp " in c for c in checks), checks
+    ddp = by(run, "ddp")
+    assert ddp.status is Status.PASS, ddp.reason
+    assert ddp.reason.endswith("[stands for the ddp check of a, b]")
+    assert ddp.details["node_checks_left_here"] == ["a", "b"]
+    assert {r.check for r in run.results if r.node == "a"} >= {"system"}
+    assert not any(r.check == "ddp" and r.node == "a" for r in run.results)
+
+
+def test_a_torch_stage_that_cannot_run_names_the_node_checks_left_to_it():
+    hosts = [emulated("a"), emulated("b")]
+    # No rendezvous stage: the torch stage cannot run, and its SKIP is the nodes' ddp.
+    run = pipeline.validate(
+        hosts,
+        opts(stages=("check", "torch"), cluster_requires=CPU_CLUSTER,
+             check_args=["--profile", "cpu"]),
+    )  # fmt: skip
+    ddp = by(run, "ddp")
+    assert ddp.status is Status.SKIP
+    assert ddp.reason == (
+        "the torch stage did not run: the rendezvous stage did not pass"
+        " [stands for the ddp check of a, b]"
+    )
+    assert not any(r.check == "ddp" and r.node in "ab" for r in run.results)
+    assert by(run, "mpi", "a").status is not Status.SKIP  # no mpi stage: the node runs it
+    # --only in the node arguments: nothing is left to the cluster.
+    run = pipeline.validate(
+        hosts,
+        opts(stages=("check", "torch"), cluster_requires=CPU_CLUSTER,
+             check_args=["--profile", "cpu", "--only", "system"]),
+    )  # fmt: skip
+    assert "stands for" not in by(run, "ddp").reason
