@@ -17,6 +17,15 @@ nodes are then the same code as the controller's ``TREE``, checked by the hash o
 gpuenv/cluster/worker.py) and the controller runs ``TREE`` through PYTHONPATH. ``--play`` also
 times the validate stage of site.yml (``ansible-playbook TREE/playbooks/validate.yml``) per run.
 
+With ``--floor``, each run also times the floor under the stages, through the same SSH logins
+and launchers (gpuenv.cluster.fanout, the cluster user's login shell, ``torchrun`` with c10d
+rendezvous on the first node, ``mpirun`` with the ``mpi`` role's hostfile): ``login``, one SSH
+login per node running ``python3 -c pass``; ``torchrun``, the smallest DDP job a user could
+launch across the nodes (``torchrun ... --no-python python3 -c JOB``: import torch, a gloo or
+NCCL process group, DDP of one Linear layer, 5 SGD steps); ``mpirun``, one rank per node
+importing mpi4py and numpy and meeting at a barrier. What a stage takes above its floor is
+gpuenv's own.
+
 Prints, per variant, each figure as min / median / max over the runs, and one JSON record
 (``--out`` writes it to a file too). Exit 0 when every run of every variant exited 0.
 """
@@ -66,6 +75,56 @@ with open(sys.argv[1], "w") as fh:
     json.dump(timings, fh)
 sys.exit(rc)
 """
+
+
+# The floor: the same logins and launchers with the smallest jobs (run with PYTHONPATH=tree).
+FLOOR = r"""
+import json, shlex, sys, time
+from gpuenv.cluster import fanout, inventory
+JOB = (
+    "import torch, torch.distributed as dist\n"
+    "gpu = torch.cuda.is_available()\n"
+    "dist.init_process_group('nccl' if gpu else 'gloo')\n"
+    "dev = torch.device('cuda', dist.get_rank() % max(1, torch.cuda.device_count())) if gpu"
+    " else torch.device('cpu')\n"
+    "m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64).to(dev))\n"
+    "opt = torch.optim.SGD(m.parameters(), lr=0.01)\n"
+    "for _ in range(5):\n"
+    "    opt.zero_grad(); m(torch.ones(8, 64, device=dev)).sum().backward(); opt.step()\n"
+    "dist.destroy_process_group()\n"
+)
+hosts = inventory.load(sys.argv[2])
+master, n = hosts[0], len(hosts)
+rid = f"floor{time.time_ns()}"
+def torchrun(h):
+    argv = ["torchrun", f"--nnodes={n}", "--nproc-per-node=1", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={master.rendezvous_address}:29390", f"--rdzv-id={rid}",
+            f"--rdzv-conf=join_timeout=60,is_host={int(h is master)}", "--max-restarts=0",
+            "--no-python", "python3", "-c", JOB]
+    return shlex.join(argv)
+mpi = (f"mpirun --hostfile {shlex.quote(master.hostfile)} --map-by ppr:1:node -np {n} python3 -c"
+       " 'from mpi4py import MPI; import numpy; MPI.COMM_WORLD.Barrier()'")
+got = {}
+for name, hs, cmd in (("login", hosts, lambda h: "python3 -c pass"),
+                      ("torchrun", hosts, torchrun), ("mpirun", [master], lambda h: mpi)):
+    t0 = time.monotonic()
+    out = fanout.fan_out(hs, cmd, 120.0)
+    got[name] = time.monotonic() - t0
+    bad = [f"{k}: {o.why()}" for k, o in out.items() if not o.ok]
+    if bad:
+        raise SystemExit(f"floor {name} failed: {'; '.join(bad)}")
+json.dump(got, open(sys.argv[1], "w"))
+"""
+
+
+def floor_run(tree: Path, inventory: str, env: dict[str, str], timeout_s: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "floor.json"
+        done = run([sys.executable, "-c", FLOOR, str(out), inventory],
+                   {**env, "PYTHONPATH": str(tree)}, timeout_s)  # fmt: skip
+        if done.returncode:
+            raise SystemExit(f"the floor run failed:\n{done.stdout}{done.stderr}")
+        return json.loads(out.read_text())
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -147,6 +206,9 @@ def main() -> int:
     parser.add_argument("--play-vars", default=DEMO_VARS,
                         help="extra arguments of the validate play (the demo's)")  # fmt: skip
     parser.add_argument("--extra", default="", help="more `gpuenv cluster` arguments")
+    parser.add_argument(
+        "--floor", action="store_true", help="also time the floor: logins, torchrun, mpirun"
+    )
     parser.add_argument("--timeout-s", type=float, default=900)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -172,12 +234,19 @@ def main() -> int:
             if args.play:
                 rec["play"] = play_run(tree, args.inventory, shlex.split(args.play_vars), env,
                                        args.timeout_s)  # fmt: skip
+            if args.floor:
+                rec["floor_s"] = floor_run(tree, args.inventory, env, args.timeout_s)
             records[name].append(rec)
             play = f", validate play {rec['play']['wall_s']:.1f} s" if args.play else ""
             print(
                 f"run {i + 1} {name}: rc {rec['rc']}, {rec['wall_s']:.1f} s{play}; "
                 + ", ".join(f"{k} {v:.1f}" for k, v in rec["stages_s"].items())
-                + (f"; not passed: {', '.join(rec['failed'])}" if rec["failed"] else ""),
+                + (f"; not passed: {', '.join(rec['failed'])}" if rec["failed"] else "")
+                + (
+                    "; floor: " + ", ".join(f"{k} {v:.1f}" for k, v in rec["floor_s"].items())
+                    if args.floor
+                    else ""
+                ),
                 flush=True,
             )
     summary: dict[str, dict] = {}
@@ -189,6 +258,9 @@ def main() -> int:
             "wall_s": spread([r["wall_s"] for r in recs]),
             "stages_s": {k: spread([r["stages_s"].get(k, 0.0) for r in recs]) for k in stages},
         }
+        if args.floor:
+            summary[name]["floor_s"] = {k: spread([r["floor_s"][k] for r in recs])
+                                        for k in recs[0]["floor_s"]}  # fmt: skip
         if args.play:
             summary[name]["validate_play_s"] = spread([r["play"]["wall_s"] for r in recs])
             summary[name]["validate_play_rc"] = [r["play"]["rc"] for r in recs]
@@ -197,6 +269,8 @@ def main() -> int:
         print(f"  gpuenv cluster --profile cpu  {w['min']} / {w['median']} / {w['max']}")
         for k, v in summary[name]["stages_s"].items():
             print(f"    {k:<12} {v['min']} / {v['median']} / {v['max']}")
+        for k, v in summary[name].get("floor_s", {}).items():
+            print(f"  floor {k:<10} {v['min']} / {v['median']} / {v['max']}")
         if args.play:
             v = summary[name]["validate_play_s"]
             print(f"  validate play  {v['min']} / {v['median']} / {v['max']}")
