@@ -21,10 +21,10 @@ With ``--floor``, each run also times the floor under the stages, through the sa
 and launchers (gpuenv.cluster.fanout, the cluster user's login shell, ``torchrun`` with c10d
 rendezvous on the first node, ``mpirun`` with the ``mpi`` role's hostfile): ``login``, one SSH
 login per node running ``python3 -c pass``; ``torchrun``, the smallest DDP job a user could
-launch across the nodes (``torchrun ... --no-python python3 -c JOB``: import torch, a gloo or
-NCCL process group, DDP of one Linear layer, 5 SGD steps); ``mpirun``, one rank per node
-importing mpi4py and numpy and meeting at a barrier. What a stage takes above its floor is
-gpuenv's own.
+launch across the nodes (``torchrun ... --no-python python3 -c JOB``, the text of
+benchmarks/ddp_floor_job.py: import torch, a process group, DDP of one Linear layer, 5
+steps); ``mpirun``, one rank per node importing mpi4py and numpy and meeting at a barrier.
+What a stage takes above its floor is gpuenv's own.
 
 Prints, per variant, each figure as min / median / max over the runs, and one JSON record
 (``--out`` writes it to a file too). Exit 0 when every run of every variant exited 0.
@@ -81,18 +81,7 @@ sys.exit(rc)
 FLOOR = r"""
 import json, shlex, sys, time
 from gpuenv.cluster import fanout, inventory
-JOB = (
-    "import torch, torch.distributed as dist\n"
-    "gpu = torch.cuda.is_available()\n"
-    "dist.init_process_group('nccl' if gpu else 'gloo')\n"
-    "dev = torch.device('cuda', dist.get_rank() % max(1, torch.cuda.device_count())) if gpu"
-    " else torch.device('cpu')\n"
-    "m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64).to(dev))\n"
-    "opt = torch.optim.SGD(m.parameters(), lr=0.01)\n"
-    "for _ in range(5):\n"
-    "    opt.zero_grad(); m(torch.ones(8, 64, device=dev)).sum().backward(); opt.step()\n"
-    "dist.destroy_process_group()\n"
-)
+JOB = open(sys.argv[3]).read()
 hosts = inventory.load(sys.argv[2])
 master, n = hosts[0], len(hosts)
 rid = f"floor{time.time_ns()}"
@@ -120,7 +109,8 @@ json.dump(got, open(sys.argv[1], "w"))
 def floor_run(tree: Path, inventory: str, env: dict[str, str], timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "floor.json"
-        done = run([sys.executable, "-c", FLOOR, str(out), inventory],
+        job = str(ROOT / "benchmarks" / "ddp_floor_job.py")
+        done = run([sys.executable, "-c", FLOOR, str(out), inventory, job],
                    {**env, "PYTHONPATH": str(tree)}, timeout_s)  # fmt: skip
         if done.returncode:
             raise SystemExit(f"the floor run failed:\n{done.stdout}{done.stderr}")

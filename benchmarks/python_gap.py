@@ -1,6 +1,7 @@
 """Why one Python starts a DDP worker seconds slower than another with the same torch.
 
     python3 benchmarks/python_gap.py lean DIR REQ...      # a venv of REQ's closure (symlinks)
+    python3 benchmarks/python_gap.py lean --copy DIR REQ...  # sources copied, the rest linked
     python3 benchmarks/python_gap.py measure [--runs N] [--label L=PYTHON[:ENV=V,...]]...
 
 ``lean`` builds, from the running interpreter's site-packages, a venv holding only the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -106,7 +108,16 @@ def closure(requirements: list[str]) -> list[str]:
     return sorted(found)
 
 
-def lean(target: Path, requirements: list[str]) -> None:
+def _copy_py_link_rest(src: str, dst: str) -> None:
+    """copytree's copy function for ``lean --copy``: Python sources are copied, so that their
+    bytecode is written beside the copy; everything else (the shared libraries) is linked."""
+    if src.endswith(".py"):
+        shutil.copy2(src, dst)
+    else:
+        os.symlink(src, dst)
+
+
+def lean(target: Path, requirements: list[str], copy: bool = False) -> None:
     import importlib.metadata as md
 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
@@ -124,7 +135,11 @@ def lean(target: Path, requirements: list[str]) -> None:
         for top in sorted(tops):
             src, dst = here / top, there / top
             if src.exists() and not dst.exists() and top != "__pycache__":
-                dst.symlink_to(src)
+                if copy and src.is_dir():
+                    shutil.copytree(src, dst, symlinks=True, copy_function=_copy_py_link_rest,
+                                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+                else:
+                    dst.symlink_to(src)
                 linked += 1
     names = closure(requirements)
     print(f"lean: {target}: {len(names)} distributions, {linked} links: {' '.join(names)}")
@@ -191,13 +206,16 @@ def main() -> None:
     p_lean = sub.add_parser("lean")
     p_lean.add_argument("dir", type=Path)
     p_lean.add_argument("requirements", nargs="+")
+    p_lean.add_argument(
+        "--copy", action="store_true", help="copy the sources (their bytecode lands in DIR)"
+    )
     p_measure = sub.add_parser("measure")
     p_measure.add_argument("--runs", type=int, default=3)
     p_measure.add_argument("--label", action="append", required=True,
                            help="NAME=PYTHON[:VAR=VALUE,...] (repeat)")  # fmt: skip
     args = parser.parse_args()
     if args.what == "lean":
-        lean(args.dir, args.requirements)
+        lean(args.dir, args.requirements, args.copy)
     else:
         measure(args.label, args.runs)
 

@@ -103,6 +103,9 @@ class RunVerdict:
     problems: list[str] = field(default_factory=list)  # why it is not OK
     gpu_verified: bool = False
     gpus_note: str = ""  # "1 of 8 GPUs visible: CUDA_VISIBLE_DEVICES=0" where the run saw fewer
+    # Checks this node run left to gpuenv cluster's launches (--left-to-cluster): its OK stands
+    # only with the cluster's results for them, which the cluster's verdict requires.
+    left_to_cluster: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.ok and self.problems:
@@ -129,6 +132,7 @@ class RunVerdict:
             problems=[str(p) for p in data.get("problems", [])],
             gpu_verified=bool(data.get("gpu_verified", False)),
             gpus_note=str(data.get("gpus_note", "")),
+            left_to_cluster=[str(n) for n in data.get("left_to_cluster", [])],
         )
 
 

@@ -9,6 +9,7 @@ import shlex
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from gpuenv.cli.argtypes import output_target, positive, visible_devices
@@ -190,7 +191,8 @@ def handler(args: argparse.Namespace) -> int:
         strict=args.strict,
         gpu_subset=args.gpu_subset,
     )
-    report = run(ctx, names, args.json == "-")
+    left = resolve_names(args.left_to_cluster, list(REGISTRY)) if args.left_to_cluster else []
+    report = run(ctx, names, args.json == "-", left)
     if args.json:
         from gpuenv.report import jsonreport
 
@@ -202,7 +204,7 @@ def handler(args: argparse.Namespace) -> int:
     return report.verdict.exit_code
 
 
-def run(ctx: Any, names: list[str], json_on_stdout: bool) -> Any:
+def run(ctx: Any, names: list[str], json_on_stdout: bool, left: Sequence[str] = ()) -> Any:
     """Run the checks with the live table, print the verdict, return the RunReport."""
     from rich.console import Console
 
@@ -229,6 +231,7 @@ def run(ctx: Any, names: list[str], json_on_stdout: bool) -> Any:
         REGISTRY,
         ctx.expect_gpus,
         ctx.gpu_subset,
+        left,
     )
     report = RunReport(
         node=ctx.node,

@@ -40,6 +40,8 @@ def verdict_line(verdict: RunVerdict, scope: str = "node") -> Text:
     )
     where = f"profile {verdict.profile}, {verdict.node_kind} {scope}"
     note = f": {verdict.gpus_note}" if verdict.gpus_note else ""
+    if verdict.left_to_cluster:
+        note += f"; {', '.join(verdict.left_to_cluster)} left to gpuenv cluster's launches"
     return Text.assemble("verdict: ", words, f"  ({where}; ", gpu, f"{note})")
 
 

@@ -461,7 +461,23 @@ def test_checks_left_to_the_cluster_are_not_run_nor_required(monkeypatch, capsys
     argv = ["check", "--profile", "cpu", "--left-to-cluster", "ddp,mpi", "--json", str(out)]
     assert main(argv) == 0
     assert "ddp" not in ran and "mpi" not in ran and "system" in ran
-    assert json.loads(out.read_text())["verdict"]["ok"] is True
+    verdict = json.loads(out.read_text())["verdict"]
+    assert verdict["ok"] is True and verdict["left_to_cluster"] == ["mpi", "ddp"]
+    assert "mpi, ddp left to gpuenv cluster's launches" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_cpu_node_whose_passing_checks_were_left_to_the_cluster_is_not_nothing_verified(
+    monkeypatch, capsys, tmp_path
+):
+    # On a CPU node every check but ddp and mpi SKIPs: left to the cluster, the node run has no
+    # PASS of its own, and only the cluster's ddp and mpi (which its verdict requires) verify.
+    skips = {n: Status.SKIP for n in ("system", "cupy", "streams", "nccl", "fabric")}
+    monkeypatch.setattr(gpuenv.checks.session, "run_checks", _fake_run(skips))
+    out = tmp_path / "r.json"
+    assert main(["check", "--profile", "cpu", "--json", str(out), "--only", "system"]) == 1
+    assert "nothing was verified" in json.dumps(json.loads(out.read_text())["verdict"])
+    argv = ["check", "--profile", "cpu", "--left-to-cluster", "ddp,mpi", "--json", str(out)]
+    assert main(argv) == 0
 
 
 @pytest.mark.parametrize(
