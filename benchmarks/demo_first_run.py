@@ -3,6 +3,7 @@
 
     python benchmarks/demo_first_run.py [--runs 2] [--prefix gpuenvdemo] [--name demofr]
                                         [--keep-base] [--limit] [--json FILE]
+    python benchmarks/demo_first_run.py --floor-only LAB [--prefix gpuenvdemo] [--json FILE]
 
 Each run starts fresh for the lab: `gpuenv lab down --purge` of its own object prefix
 (GPUENV_LAB_PREFIX, so the `gpuenv` images, cache and labs other work uses are never touched)
@@ -151,8 +152,8 @@ class Runner:
             sys.exit(f"demo_first_run: {what} failed (rc {rc}); see {log}\n{text[-3000:]}")
         return took, text
 
-    def down(self, log: Path, *, purge: bool) -> None:
-        self.must("lab down", [self.gpuenv, "lab", "down", "--name", self.name]
+    def down(self, log: Path, *, purge: bool, name: str = "") -> None:
+        self.must("lab down", [self.gpuenv, "lab", "down", "--name", name or self.name]
                   + (["--purge"] if purge else []), log)  # fmt: skip
 
 
@@ -261,14 +262,16 @@ def timed_exec(node: str, script: str) -> float:
     return time.monotonic() - t0
 
 
-def floor(runner: Runner, logs: Path) -> dict[str, object]:
-    """What site.yml installed, read from the converged lab, which then goes (the disk holds
-    only so many nodes with CUDA); a fresh 1-node lab installs it alone, then a fresh 3-node
-    lab on its three nodes at once."""
-    converged = f"{runner.name}-node1"
+def floor(runner: Runner, logs: Path, source: str = "") -> dict[str, object]:
+    """What site.yml installed, read from the converged lab (the run's, which then goes: the
+    disk holds only so many nodes with CUDA; or ``source``, another converged lab, left as it
+    is); a fresh 1-node lab installs it alone, then a fresh 3-node lab on its three nodes at
+    once."""
+    converged = f"{source or runner.name}-node1"
     sources = copy_sources(converged)
     after = manual_packages(converged)
-    runner.down(logs / "down.log", purge=False)
+    if not source:
+        runner.down(logs / "down.log", purge=False)
     lab = f"{runner.name}-floor"
     record: dict[str, object] = {"venv": VENV_PACKAGES, "load_before": load()}
     script = ""
@@ -286,7 +289,7 @@ def floor(runner: Runner, logs: Path) -> dict[str, object]:
                 list(pool.map(timed_exec, nodes, [script] * count))
                 record[key] = round(time.monotonic() - t0, 1)
         finally:
-            runner.down(logs / "floor-down.log", purge=False)
+            runner.down(logs / "floor-down.log", purge=False, name=lab)
     record["load_after"] = load()
     return record
 
@@ -308,6 +311,11 @@ def main() -> int:
     parser.add_argument("--name", default="demofr", help="the lab's name")
     parser.add_argument("--keep-base", action="store_true", help="keep the debootstrap tarballs")
     parser.add_argument("--limit", action="store_true", help="also measure the machine's floor")
+    parser.add_argument(
+        "--floor-only",
+        metavar="LAB",
+        help="no runs: only the floor, reading what site.yml installed from converged lab LAB",
+    )
     parser.add_argument("--logs", type=Path, default=ROOT / ".cache" / "bench" / "demo_first_run")
     parser.add_argument("--json", type=Path, help="also write the record here")
     parser.add_argument("--min-free-gib", type=float, default=MIN_FREE_GIB)
@@ -325,6 +333,13 @@ def main() -> int:
         )
         return 1
     runner = Runner(args.prefix, args.name)
+    if args.floor_only:
+        print(f"floor, from lab {args.floor_only} (load {load()})", flush=True)
+        text = json.dumps({"floor": floor(runner, args.logs, args.floor_only)}, indent=2)
+        print(text)
+        if args.json:
+            args.json.write_text(text + "\n")
+        return 0
     runs = []
     try:
         for i in range(args.runs):
