@@ -72,7 +72,7 @@ try:
 except SystemExit as exc:
     rc = exc.code
 with open(sys.argv[1], "w") as fh:
-    json.dump(timings, fh)
+    json.dump({"stages": timings, "pipeline": pipeline.__file__}, fh)
 sys.exit(rc)
 """
 
@@ -111,7 +111,7 @@ def floor_run(tree: Path, inventory: str, env: dict[str, str], timeout_s: float)
         out = Path(tmp) / "floor.json"
         job = str(ROOT / "benchmarks" / "ddp_floor_job.py")
         done = run([sys.executable, "-c", FLOOR, str(out), inventory, job],
-                   {**env, "PYTHONPATH": str(tree)}, timeout_s)  # fmt: skip
+                   {**env, "PYTHONPATH": str(tree)}, timeout_s, cwd=tree)  # fmt: skip
         if done.returncode:
             raise SystemExit(f"the floor run failed:\n{done.stdout}{done.stderr}")
         return json.loads(out.read_text())
@@ -125,9 +125,14 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def run(argv: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
+def run(
+    argv: list[str], env: dict[str, str], timeout_s: float, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    """``argv`` in ``cwd``: a variant's runs start in its own tree, because ``python -c`` and
+    ``python -m`` put the working folder before PYTHONPATH (from ROOT a variant would import
+    ROOT's gpuenv, whatever PYTHONPATH says)."""
     return subprocess.run(
-        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
     )
 
 
@@ -159,9 +164,12 @@ def one_run(tree: Path, inventory: str, extra: list[str], env: dict[str, str],
                 "--profile", "cpu", "--no-progress", "--json", str(report), *extra]  # fmt: skip
         env = {**env, "PYTHONPATH": str(tree)}
         t0 = time.monotonic()
-        done = run(argv, env, timeout_s)
+        done = run(argv, env, timeout_s, cwd=tree)
         wall = time.monotonic() - t0
-        stages = json.loads(stages_file.read_text()) if stages_file.exists() else {}
+        got = json.loads(stages_file.read_text()) if stages_file.exists() else {}
+        stages = got.get("stages", {})
+        if got and not Path(got["pipeline"]).resolve().is_relative_to(tree.resolve()):
+            raise SystemExit(f"the run imported {got['pipeline']}, not {tree}'s gpuenv")
         data = json.loads(report.read_text()) if report.exists() else {}
     failed = [f"{r['check']}@{r['node']}" for r in data.get("results", [])
               if r["status"] in ("FAIL", "ERROR")]  # fmt: skip
@@ -174,7 +182,7 @@ def play_run(tree: Path, inventory: str, play_vars: list[str], env: dict[str, st
     playbook = str(Path(sys.executable).parent / "ansible-playbook")
     argv = [playbook, "-i", inventory, str(tree / "playbooks/validate.yml"), *play_vars]
     t0 = time.monotonic()
-    done = run(argv, {**env, "PYTHONPATH": str(tree)}, timeout_s)
+    done = run(argv, {**env, "PYTHONPATH": str(tree)}, timeout_s, cwd=tree)
     return {
         "rc": done.returncode,
         "wall_s": time.monotonic() - t0,

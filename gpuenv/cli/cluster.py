@@ -93,14 +93,14 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--sizes",
         type=_sizes,
-        default=list(defaults.SIZES),
-        help=f"all-reduce sizes across nodes (default {_mib_list(defaults.SIZES)})",
+        help=f"all-reduce sizes across nodes (default {_mib_list(defaults.SIZES)}, or the"
+        " profile's cluster.sizes_mib: 1M,8M under cpu)",
     )
     p.add_argument(
         "--pair-size",
         type=_sizes,
-        default=[defaults.PAIR_BYTES],
-        help=f"all-reduce size of each pair test (default {_mib_list([defaults.PAIR_BYTES])})",
+        help=f"all-reduce size of each pair test (default {_mib_list([defaults.PAIR_BYTES])},"
+        " or the profile's cluster.pair_mib: 8M under cpu)",
     )
     p.add_argument(
         "--matrix-max-nodes",
@@ -236,6 +236,7 @@ def handler(args: argparse.Namespace) -> int:
         for name in requirements(thresholds, args.profile, gpu, "cluster") or []
     ]
     stages = _stages(args.skip, args.with_stages, required)
+    sizes, pair_bytes = _launch_sizes(args, thresholds)
 
     from rich.console import Console
 
@@ -251,8 +252,8 @@ def handler(args: argparse.Namespace) -> int:
         probe_deadline_s=min(defaults.PROBE_DEADLINE_S, args.deadline),
         port=args.port,
         nproc_per_node=args.nproc_per_node,
-        sizes=args.sizes,
-        pair_bytes=args.pair_size[-1],
+        sizes=sizes,
+        pair_bytes=pair_bytes,
         min_busbw=args.min_busbw,
         pair_relative=args.pair_relative,
         matrix_max_nodes=args.matrix_max_nodes,
@@ -270,6 +271,22 @@ def handler(args: argparse.Namespace) -> int:
     report = _run(opts, hosts, args.profile, thresholds, out, not args.no_progress)
     _write_reports(report, args, out)
     return 0 if report.ok else 1
+
+
+def _launch_sizes(args: argparse.Namespace, thresholds: Any) -> tuple[list[int], int]:
+    """The all-reduce sizes of the all-node launch and the pair size: the options, else the
+    profile's ``cluster`` entry (thresholds.yaml), else the defaults."""
+    from gpuenv.cluster import defaults
+
+    own = thresholds["profiles"][args.profile].get("cluster", {})
+    mib = defaults.MIB
+    sizes = args.sizes or sorted(int(m * mib) // 4 * 4 for m in own.get("sizes_mib", []))
+    sizes = sizes or list(defaults.SIZES)
+    if args.pair_size:
+        return sizes, args.pair_size[-1]
+    if "pair_mib" not in own:
+        return sizes, defaults.PAIR_BYTES
+    return sizes, max(4, int(own["pair_mib"] * mib) // 4 * 4)
 
 
 def _slurm(args: argparse.Namespace, hosts: list[Any]) -> Any:

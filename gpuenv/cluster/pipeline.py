@@ -13,6 +13,10 @@ one whose needs are met and records why the others did not run. In order:
 3b. slurm: where Slurm is (``--launcher srun``, or srun on a node): ``srun -N <all> hostname``,
    and a job asking for N GPUs sees exactly N (gpuenv.cluster.slurm).
 4. rendezvous: the master port is reachable from every node; socket interfaces exist.
+
+health, check and rendezvous read only the probe's facts and nothing of each other's, so they
+run at the same time (``TOGETHER``), each on its own copy of the state, and their results are
+put in the report in the order above.
 5. torch: ``torchrun`` across all nodes (c10d): all-reduce values (``allreduce``), bandwidth
    against a floor (``busbw``) and the transport NCCL used, and DDP (``ddp``); when the pair
    matrix is to be measured, the same launch measures it too (pair subgroups, one round of
@@ -914,6 +918,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("dask", dask_stage, multi_node=True, needs=("rendezvous",), optional=True),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
+# Stages that read only the probe's facts and write nothing the others read: one step, all at
+# once (health's and rendezvous' few light processes beside the nodes' checks).
+TOGETHER = ("health", "check", "rendezvous")
 OPTIONAL_STAGES = tuple(s.name for s in STAGES if s.optional)
 # The stage that needs a Python package on the nodes, and which (from the probe's facts).
 _PACKAGES = {"torch": "torch", "pairs": "torch", "mpi": "mpi4py", "dask": "distributed"}
@@ -925,19 +932,46 @@ def validate(hosts: Sequence[Host], opts: Options | None = None) -> ClusterRepor
     began_at = time.monotonic()
     state = State(list(hosts), opts, ClusterReport(hosts=[h.name for h in hosts]))
     probe_stage(state)
-    for stage in STAGES:
-        if stage.name not in opts.stages if opts.stages else stage.optional:
-            continue
-        why = _why_not(stage, state)
-        if why:
-            state.add(judge.skip(stage.name, why))
-            for name in stage.gives:
-                state.add(judge.skip(name, f"the {stage.name} stage did not run: {why}"))
+    selected = [s for s in STAGES if (s.name in opts.stages if opts.stages else not s.optional)]
+    together = [s for s in selected if s.name in TOGETHER]
+    for stage in selected:
+        if stage in together[1:]:
+            continue  # ran with the first of them
+        if stage in together:
+            _run_together(together, state)
         else:
-            stage.run(state)
-        _name_left(state, stage)
+            _run_stage(stage, state)
     state.report.duration_s = time.monotonic() - began_at
     return state.report
+
+
+def _run_stage(stage: Stage, state: State) -> None:
+    why = _why_not(stage, state)
+    if why:
+        state.add(judge.skip(stage.name, why))
+        for name in stage.gives:
+            state.add(judge.skip(name, f"the {stage.name} stage did not run: {why}"))
+    else:
+        stage.run(state)
+    _name_left(state, stage)
+
+
+def _run_together(stages: Sequence[Stage], state: State) -> None:
+    """``stages`` at the same time, each on its own copy of the state (the probe's facts shared,
+    read only); then their results, node reports and left-out checks, in ``stages``' order."""
+    copies = [
+        State(state.hosts, state.opts, ClusterReport(hosts=state.report.hosts),
+              probes=state.probes, alive=state.alive)
+        for _ in stages
+    ]  # fmt: skip
+    with cf.ThreadPoolExecutor(len(stages), thread_name_prefix="gpuenv-stage") as pool:
+        done = [pool.submit(_run_stage, s, c) for s, c in zip(stages, copies, strict=True)]
+        for fut in done:
+            fut.result()
+    for copy in copies:
+        state.report.results.extend(copy.report.results)
+        state.report.node_reports.update(copy.report.node_reports)
+        state.left.update(copy.left)
 
 
 def _name_left(state: State, stage: Stage) -> None:

@@ -37,9 +37,10 @@ INVENTORY = ROOT / f"inventory/lab-{LAB}/hosts.yml"
 PINS = ROOT / "inventory/pins/debian-12.yml"
 # The CPU build of torch the lab wheelhouse serves to Debian 12 nodes (scripts/demo.sh).
 TORCH = ["-e", "gpu_env_install_torch=true", "-e", "gpu_env_torch_package=torch==2.13.0"]
-# The shared cache container serves the wheel folder of the checkout that started it; where that
-# is not this one, serve this checkout's .cache/lab/wheels yourself and name it here, e.g.
-# `python -m http.server 8099 --bind <lab gateway> --directory .cache/lab/wheels`.
+# The shared cache container serves this machine's wheel folder (~/.cache/gpuenv/lab-wheels, or
+# $GPUENV_LAB_WHEELHOUSE; each checkout's .cache/lab/wheels links to it). To try other wheels,
+# serve them yourself and name the address here, e.g.
+# `python -m http.server 8099 --bind <lab gateway> --directory /path/to/wheels`.
 WHEELHOUSE = os.environ.get("GPUENV_USERPATH_WHEELHOUSE", "")
 if WHEELHOUSE:
     TORCH += ["-e", f"gpuenv_lab_wheelhouse_url={WHEELHOUSE}"]

@@ -510,3 +510,30 @@ def test_cluster_sets_the_checks_left_to_it_and_refuses_them_in_check_args(monke
     }  # fmt: skip
     code, err = _run(["cluster", "-i", "h", "--check-args=--left-to-cluster=ddp"], capsys)
     assert code == 2 and "set by gpuenv cluster" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "sizes", "pair"),
+    [
+        (["--profile", "cpu"], [1 << 20, 8 << 20], 8 << 20),
+        (["--profile", "quick"], [1 << 20, 8 << 20, 64 << 20], 64 << 20),
+        (["--profile", "cpu", "--sizes", "2M,1M"], [1 << 20, 2 << 20], 8 << 20),
+        (["--profile", "cpu", "--pair-size", "64M"], [1 << 20, 8 << 20], 64 << 20),
+    ],
+)
+def test_cluster_sizes_come_from_the_options_then_the_profile(
+    monkeypatch, capsys, argv, sizes, pair
+):
+    from gpuenv.cli import cluster as cluster_cli
+    from gpuenv.cluster import inventory
+
+    got = {}
+
+    def fake_run(opts, hosts, profile, thresholds, out, live):
+        got["opts"] = opts
+        raise SystemExit(0)
+
+    monkeypatch.setattr(inventory, "load", lambda *_a, **_k: [])
+    monkeypatch.setattr(cluster_cli, "_run", fake_run)
+    _run(["cluster", "-i", "hosts.yml", "--no-progress", *argv], capsys)
+    assert got["opts"].sizes == sizes and got["opts"].pair_bytes == pair

@@ -454,3 +454,38 @@ def test_a_torch_stage_that_cannot_run_names_the_node_checks_left_to_it():
              check_args=["--profile", "cpu", "--only", "system"]),
     )  # fmt: skip
     assert "stands for" not in by(run, "ddp").reason
+
+
+def test_health_check_and_rendezvous_run_at_the_same_time_and_report_in_order(tmp_path):
+    """Each node's python logs when each command starts and ends; the check sleeps 2 s. The
+    health scan and the rendezvous probe start before any check has ended, and the report
+    keeps the stages' order."""
+    log = tmp_path / "times.log"
+    python = tmp_path / "python3"
+    python.write_text(
+        "#!/bin/bash\n"
+        f'echo "start $2:$3 $(date +%s.%N)" >> {log}\n'
+        '[ "$3" = check ] && sleep 2\n'
+        f'{sys.executable} "$@"; rc=$?\n'
+        f'echo "end $2:$3 $(date +%s.%N)" >> {log}\n'
+        "exit $rc\n"
+    )
+    python.chmod(0o755)
+    hosts = [emulated("a", python=str(python)), emulated("b", python=str(python))]
+    run = pipeline.validate(
+        hosts,
+        opts(stages=("health", "check", "rendezvous"), check_args=["--profile", "cpu",
+             "--only", "system"]),
+    )  # fmt: skip
+    times: dict[tuple[str, str], list[float]] = {}
+    for line in log.read_text().splitlines():
+        edge, what, at = line.split()
+        times.setdefault((edge, what), []).append(float(at))
+    checks_end = min(times[("end", "gpuenv:check")])
+    assert max(times[("start", "gpuenv:health")]) < checks_end
+    assert max(times[("start", "gpuenv.cluster.probe:connect")]) < checks_end
+    order = [r.check for r in run.results if r.check in ("health", "system", "rendezvous")]
+    first = {name: order.index(name) for name in ("health", "system", "rendezvous")}
+    assert first["health"] < first["system"] < first["rendezvous"]
+    assert by(run, "rendezvous").status is Status.PASS
+    assert set(run.node_reports) == {"a", "b"}
