@@ -492,7 +492,8 @@ def test_left_to_cluster_refuses_unknown_checks_and_the_probe(no_run, capsys, va
     assert code == 2 and message in err
 
 
-def test_cluster_sets_the_checks_left_to_it_and_refuses_them_in_check_args(monkeypatch, capsys):
+def _cluster_options(monkeypatch, capsys, argv):
+    """The pipeline Options `gpuenv cluster ARGV` would run with (nothing is run)."""
     from gpuenv.cli import cluster as cluster_cli
     from gpuenv.cluster import inventory
 
@@ -504,8 +505,13 @@ def test_cluster_sets_the_checks_left_to_it_and_refuses_them_in_check_args(monke
 
     monkeypatch.setattr(inventory, "load", lambda *_a, **_k: [])
     monkeypatch.setattr(cluster_cli, "_run", fake_run)
-    _run(["cluster", "-i", "hosts.yml", "--profile", "cpu", "--no-progress"], capsys)
-    assert got["opts"].cluster_requires == {
+    _run(["cluster", "-i", "hosts.yml", "--no-progress", *argv], capsys)
+    return got["opts"]
+
+
+def test_cluster_sets_the_checks_left_to_it_and_refuses_them_in_check_args(monkeypatch, capsys):
+    opts = _cluster_options(monkeypatch, capsys, ["--profile", "cpu"])
+    assert opts.cluster_requires == {
         "gpu": (), "cpu": ("consistency", "rendezvous", "allreduce", "ddp", "mpi")
     }  # fmt: skip
     code, err = _run(["cluster", "-i", "h", "--check-args=--left-to-cluster=ddp"], capsys)
@@ -524,16 +530,5 @@ def test_cluster_sets_the_checks_left_to_it_and_refuses_them_in_check_args(monke
 def test_cluster_sizes_come_from_the_options_then_the_profile(
     monkeypatch, capsys, argv, sizes, pair
 ):
-    from gpuenv.cli import cluster as cluster_cli
-    from gpuenv.cluster import inventory
-
-    got = {}
-
-    def fake_run(opts, hosts, profile, thresholds, out, live):
-        got["opts"] = opts
-        raise SystemExit(0)
-
-    monkeypatch.setattr(inventory, "load", lambda *_a, **_k: [])
-    monkeypatch.setattr(cluster_cli, "_run", fake_run)
-    _run(["cluster", "-i", "hosts.yml", "--no-progress", *argv], capsys)
-    assert got["opts"].sizes == sizes and got["opts"].pair_bytes == pair
+    opts = _cluster_options(monkeypatch, capsys, argv)
+    assert opts.sizes == sizes and opts.pair_bytes == pair
