@@ -13,10 +13,6 @@ one whose needs are met and records why the others did not run. In order:
 3b. slurm: where Slurm is (``--launcher srun``, or srun on a node): ``srun -N <all> hostname``,
    and a job asking for N GPUs sees exactly N (gpuenv.cluster.slurm).
 4. rendezvous: the master port is reachable from every node; socket interfaces exist.
-
-health, check and rendezvous read only the probe's facts and nothing of each other's, so they
-run at the same time (``TOGETHER``), each on its own copy of the state, and their results are
-put in the report in the order above.
 5. torch: ``torchrun`` across all nodes (c10d): all-reduce values (``allreduce``), bandwidth
    against a floor (``busbw``) and the transport NCCL used, and DDP (``ddp``); when the pair
    matrix is to be measured, the same launch measures it too (pair subgroups, one round of
@@ -32,6 +28,10 @@ put in the report in the order above.
    dask.distributed cluster across the nodes, the scheduler on the first, one worker per GPU,
    computing the seed documents' ``(x + x.T).mean(axis=0)`` on CuPy blocks (numpy blocks on
    CPU-only nodes), verified against numpy, and nothing left running on any node.
+
+health, check and rendezvous read only the probe's facts and nothing of each other's, so they
+run at the same time (``TOGETHER``), each on its own copy of the state, and their results are
+put in the report in the order of this list.
 
 With ``--launcher srun`` (``Options.slurm``), the multi-node launches (torch, pairs, dask, mpi) go
 through ``State.launch``: one srun on the Slurm submit host whose tasks run the same per-node
