@@ -118,36 +118,38 @@ def _options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _leave(names: list[str], left: list[str], registry: Any) -> list[str]:
-    """``names`` less the checks ``--left-to-cluster`` names (never the probe: every run needs
-    it); an unknown name is bad input, as in ``--only``."""
+def _left_to_cluster(given: list[str] | None, registry: Any) -> list[str]:
+    """The checks ``--left-to-cluster`` names, in registry order (never the probe: every run
+    needs it); an unknown name is bad input, as in ``--only``."""
     from gpuenv.checks.base import Placement
 
-    try:
-        gone = resolve_names(left, list(registry))
-    except BadInput as exc:
-        raise BadInput(str(exc).replace("--only", "--left-to-cluster", 1)) from None
-    probe = [n for n in gone if registry[n].PLACEMENT is Placement.PROBE]
+    if not given:
+        return []
+    left = resolve_names(given, list(registry), option="--left-to-cluster")
+    probe = [n for n in left if registry[n].PLACEMENT is Placement.PROBE]
     if probe:
         raise BadInput(f"--left-to-cluster: {probe[0]} is the probe; every node run needs it")
-    return [n for n in names if n not in gone]
+    return left
 
 
 def resolve_names(
-    only: list[str] | None, known: list[str], default: list[str] | None = None
+    only: list[str] | None,
+    known: list[str],
+    default: list[str] | None = None,
+    option: str = "--only",
 ) -> list[str]:
-    """The checks ``--only`` names, in registry order; without it, ``default`` (every check
-    that is not optional, and the optional ones the profile requires)."""
+    """The checks ``--only`` (or ``option``) names, in registry order; without it, ``default``
+    (every check that is not optional, and the optional ones the profile requires)."""
     if not only:
         return list(known if default is None else default)
     wanted = [n.strip() for item in only for n in item.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in known]
     if unknown:
         raise BadInput(
-            f"--only: unknown check(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}"
+            f"{option}: unknown check(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}"
         )
     if not wanted:
-        raise BadInput("--only: no check named")
+        raise BadInput(f"{option}: no check named")
     return [n for n in known if n in wanted]
 
 
@@ -170,8 +172,8 @@ def handler(args: argparse.Namespace) -> int:
         REGISTRY,
         resolve_names(args.only, list(REGISTRY), default_names(REGISTRY, thresholds, args.profile)),
     )
-    if args.left_to_cluster:
-        names = _leave(names, args.left_to_cluster, REGISTRY)
+    left = _left_to_cluster(args.left_to_cluster, REGISTRY)
+    names = [n for n in names if n not in left]
     output_target("--json", args.json, stdout_ok=True)
     output_target("--junit", args.junit)
     visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -191,7 +193,6 @@ def handler(args: argparse.Namespace) -> int:
         strict=args.strict,
         gpu_subset=args.gpu_subset,
     )
-    left = resolve_names(args.left_to_cluster, list(REGISTRY)) if args.left_to_cluster else []
     report = run(ctx, names, args.json == "-", left)
     if args.json:
         from gpuenv.report import jsonreport

@@ -230,11 +230,11 @@ def handler(args: argparse.Namespace) -> int:
         # The nodes judge with the same file: its text goes with their command line.
         check_args += ["--thresholds-text", Path(args.thresholds).read_text(encoding="utf-8")]
     requirements(thresholds, args.profile, gpu_node=True)  # an unknown profile stops here
-    required = [
-        name
+    cluster_requires = {
+        "gpu" if gpu else "cpu": tuple(requirements(thresholds, args.profile, gpu, "cluster") or ())
         for gpu in (True, False)
-        for name in requirements(thresholds, args.profile, gpu, "cluster") or []
-    ]
+    }
+    required = [name for names in cluster_requires.values() for name in names]
     stages = _stages(args.skip, args.with_stages, required)
     sizes, pair_bytes = _launch_sizes(args, thresholds)
 
@@ -262,12 +262,8 @@ def handler(args: argparse.Namespace) -> int:
         gdr_required=False if args.no_gdr_required else bool(thresholds["fabric"]["gdr_required"]),
         pair_efficiency=float(thresholds["fabric"]["pair_efficiency"]),
         slurm=slurm,
-        cluster_requires={
-            "gpu" if gpu else "cpu": tuple(requirements(thresholds, args.profile, gpu, "cluster")
-                                           or ())
-            for gpu in (True, False)
-        },
-    )  # fmt: skip
+        cluster_requires=cluster_requires,
+    )
     report = _run(opts, hosts, args.profile, thresholds, out, not args.no_progress)
     _write_reports(report, args, out)
     return 0 if report.ok else 1
@@ -279,14 +275,15 @@ def _launch_sizes(args: argparse.Namespace, thresholds: Any) -> tuple[list[int],
     from gpuenv.cluster import defaults
 
     own = thresholds["profiles"][args.profile].get("cluster", {})
-    mib = defaults.MIB
-    sizes = args.sizes or sorted(int(m * mib) // 4 * 4 for m in own.get("sizes_mib", []))
+
+    def to_bytes(mib: float) -> int:  # whole float32 elements, at least one
+        return max(4, int(mib * defaults.MIB) // 4 * 4)
+
+    sizes = args.sizes or sorted(to_bytes(m) for m in own.get("sizes_mib", []))
     sizes = sizes or list(defaults.SIZES)
     if args.pair_size:
         return sizes, args.pair_size[-1]
-    if "pair_mib" not in own:
-        return sizes, defaults.PAIR_BYTES
-    return sizes, max(4, int(own["pair_mib"] * mib) // 4 * 4)
+    return sizes, to_bytes(own["pair_mib"]) if "pair_mib" in own else defaults.PAIR_BYTES
 
 
 def _slurm(args: argparse.Namespace, hosts: list[Any]) -> Any:
