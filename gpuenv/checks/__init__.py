@@ -7,7 +7,8 @@ because torchrun's ranks are still importing torch when mpirun's are ready).
 
 A check whose module sets ``OPTIONAL = True`` (the frameworks of the seed documents: pycuda,
 tensorflow, horovod, dask) runs only when asked: named by ``--only``, or required by the profile
-(``frameworks``). See gpuenv.checks.profiles.default_names.
+(``frameworks``). See gpuenv.checks.profiles.default_names. ``examples`` (optional too, required
+by the ``examples`` profile) runs the seed documents' methods from examples/ as users run them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gpuenv.checks import (
     cupy,
     dask,
     ddp,
+    examples,
     fabric,
     horovod,
     mpi,
@@ -31,5 +33,18 @@ from gpuenv.checks.base import Check
 
 REGISTRY: Mapping[str, Check] = {
     c.NAME: c  # type: ignore[misc]
-    for c in (system, cupy, streams, nccl, fabric, pycuda, mpi, ddp, horovod, tensorflow, dask)
+    for c in (
+        system,
+        cupy,
+        streams,
+        nccl,
+        fabric,
+        pycuda,
+        mpi,
+        ddp,
+        horovod,
+        tensorflow,
+        dask,
+        examples,
+    )
 }

@@ -69,8 +69,9 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile",
         default="quick",
-        help="quick (seconds), full (large sizes, sweeps), cpu (CPU-only nodes) or frameworks"
-        " (quick plus the optional pycuda, horovod, tensorflow, dask checks); default quick",
+        help="quick (seconds), full (large sizes, sweeps), cpu (CPU-only nodes), frameworks"
+        " (quick plus the optional pycuda, horovod, tensorflow, dask checks) or examples (quick"
+        " plus the seed documents' methods from examples/, run as users run them); default quick",
     )
     p.add_argument(
         "--expect-gpus",

@@ -130,8 +130,8 @@ def register(subparsers: Any) -> None:
         "--profile",
         default="quick",
         help="quick or full (GPU clusters), cpu (CPU-only clusters such as the lab), frameworks"
-        " (quick plus the optional framework checks and the dask stage); the nodes' checks run"
-        " with it too (default quick)",
+        " (quick plus the optional framework checks and the dask stage), examples (quick plus"
+        " the examples check on every node); the nodes' checks run with it too (default quick)",
     )
     p.add_argument(
         "--check-args",

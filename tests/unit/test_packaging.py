@@ -16,9 +16,13 @@ def test_every_package_folder_is_listed_and_the_floor_is_module_utils():
     folders = {
         ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "gpuenv").rglob("__init__.py")
     }
-    assert set(PYPROJECT["packages"]) == folders | {"gpuenv.floor"}
-    assert PYPROJECT["package-dir"] == {"gpuenv.floor": "plugins/module_utils"}
+    assert set(PYPROJECT["packages"]) == folders | {"gpuenv.floor", "gpuenv.examples"}
+    assert PYPROJECT["package-dir"] == {
+        "gpuenv.floor": "plugins/module_utils",
+        "gpuenv.examples": "examples",
+    }
     assert (ROOT / "plugins/module_utils/__init__.py").is_file()
+    assert (ROOT / "examples/__init__.py").is_file()
 
 
 def test_no_symbolic_link_outside_the_tests_and_the_collection_view():
