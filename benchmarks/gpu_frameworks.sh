@@ -45,34 +45,13 @@ say "install (no index: the carried wheels only)"
 # Into a folder on PYTHONPATH, over the machine's own Python stack (torch, CuPy, mpi4py, numpy sit
 # in its user site, which a venv would not see).
 CUDA=${CUDA_HOME:-/usr/local/cuda}
+BENCH=$(cd "$(dirname "$0")" && pwd)  # stage_gpuenv.sh leaves the checkout
 # gpuenv itself from its wheel (benchmarks/stage_gpuenv.sh).
 # shellcheck source=benchmarks/stage_gpuenv.sh
-. "$(dirname "$0")/stage_gpuenv.sh"
-export CUDA_HOME=$CUDA PATH="$LIB/bin:$CUDA/bin:$PATH" PYTHONPATH="$LIB:$GPUENV_LIB"
-pip() { python3 -m pip --disable-pip-version-check "$@"; }
-timed pip-dask pip install --no-index --find-links "$WHEELS" --target "$LIB" dask distributed
-timed pip-pycuda-deps pip install --no-index --find-links "$WHEELS" --target "$LIB" setuptools \
-  wheel pytools mako platformdirs
-# pycuda's C++ extension, against this machine's CUDA (nvcc on PATH gives CUDA_ROOT). Its CURAND
-# wrapper needs curand.h, which a toolkit without the math libraries lacks (seen on the development
-# machine's CUDA 13.0): pycuda's own setting (~/.aksetup-defaults.py) turns it off then.
-cfg=$(mktemp -d)
-if [ ! -e "$CUDA/include/curand.h" ]; then
-  echo 'CUDA_ENABLE_CURAND = False' >"$cfg/.aksetup-defaults.py"
-  echo "no $CUDA/include/curand.h: pycuda built without its CURAND wrapper" | tee -a "$SUMMARY"
-fi
-# It links with -lcuda: the toolkit's stub, or else the driver's own library by that name.
-if [ ! -e "$CUDA/lib64/stubs/libcuda.so" ] && [ ! -e "$CUDA/lib64/libcuda.so" ] &&
-  ! ldconfig -p | grep -q 'libcuda\.so '; then
-  driver=$(ldconfig -p | awk '/libcuda\.so\.1 .*x86-64/ {print $NF; exit}')
-  [ -n "$driver" ] || echo "no libcuda.so.1 in the loader's cache: the link will fail" | tee -a "$SUMMARY"
-  mkdir -p "$cfg/lib" && ln -sf "${driver:-/nonexistent}" "$cfg/lib/libcuda.so"
-  export LIBRARY_PATH="$cfg/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
-  echo "no libcuda.so stub under $CUDA/lib64: linking against $driver" | tee -a "$SUMMARY"
-fi
-# Its dependencies are in place already; --no-deps keeps pip from bringing a second numpy.
-HOME=$cfg timed pip-pycuda pip install --no-index --find-links "$WHEELS" --target "$LIB" \
-  --no-build-isolation --no-deps pycuda
+. "$BENCH/stage_gpuenv.sh"
+export PYTHONPATH="$LIB:$GPUENV_LIB"
+# shellcheck source=benchmarks/frameworks_lib.sh
+. "$BENCH/frameworks_lib.sh"
 python3 -c 'import dask, distributed, pycuda, cupy, torch; print("dask", dask.__version__, "distributed", distributed.__version__, "pycuda", pycuda.VERSION_TEXT, "cupy", cupy.__version__, "torch", torch.__version__)' 2>&1 |
   tee -a "$SUMMARY"
 
