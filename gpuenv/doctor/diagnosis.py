@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from gpuenv.doctor import acs, bound, driver, envvars, fabric, nccl, nccl_known, netif, rdma
+from gpuenv.doctor import acs, bound, driver, envvars, fabric, mpi, nccl, nccl_known, netif, rdma
 from gpuenv.doctor.findings import CLASSES, ClassReading, to_result
 from gpuenv.doctor.system import System
 from gpuenv.results import Result
@@ -33,6 +33,7 @@ def readers(address: str | None) -> dict[int, Reader]:
         10: envvars.stray_env,
         11: bound.driver_bound,
         12: nccl_known.nccl_known_bad,
+        13: mpi.mpi_device_buffers,
     }
 
 

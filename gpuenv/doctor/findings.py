@@ -37,6 +37,7 @@ CLASSES: tuple[DiagnosisClass, ...] = (
         11, "driver-bound", "every NVIDIA GPU on the bus is driven by the NVIDIA driver"
     ),
     DiagnosisClass(12, "nccl-known-bad", "no NCCL version known to hang or corrupt data"),
+    DiagnosisClass(13, "mpi-device-buffers", "the Open MPI on PATH carries CUDA device buffers"),
 )
 BY_NUMBER = {c.number: c for c in CLASSES}
 BY_CHECK = {f"doctor.{c.name}": c for c in CLASSES}

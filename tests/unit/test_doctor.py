@@ -83,6 +83,11 @@ EXPECT = {
         "/opt/train/lib/python3.10/site-packages/nvidia/nccl/lib/libnccl.so.2 (NCCL 2.29.2",
         "nvidia-nccl-cu12>=2.29.3",
     ),
+    13: (
+        "Open MPI 4.1.4 does not carry CUDA device buffers",
+        "in /lib/x86_64-linux-gnu/libmpi.so.40 killed the process with SIGSEGV",
+        "mpi_cuda_build",
+    ),
 }
 
 

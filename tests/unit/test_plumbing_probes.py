@@ -94,22 +94,40 @@ def test_only_the_unmet_requirements_are_returned() -> None:
     assert got == ["mpi4py==4.1.2", "nvidia-ml-py"]
 
 
+RECORDED = {"version": "5.0.7", "cuda_aware": True, "cuda_tested": True, "cuda_evidence": "passed"}
+
+
 def test_mpi_probe_uses_the_recorded_answer_while_open_mpi_is_unchanged(tmp_path: Path) -> None:
     fact = tmp_path / "gpuenv_mpi.fact"
-    fact.write_text(json.dumps({"version": "5.0.7", "cuda_aware": True, "ompi_build": "abc"}))
+    fact.write_text(json.dumps({**RECORDED, "ompi_build": "abc"}))
     got = mpi_probe.ompi(no_commands, str(fact), "abc")
-    assert got == {"version": "5.0.7", "cuda_aware": True, "build": "abc"}
+    assert got == {**RECORDED, "build": "abc"}
+
+
+def test_mpi_probe_decides_again_when_the_fact_lacks_part_of_the_answer(tmp_path: Path) -> None:
+    # A fact an older role wrote holds ompi_info's claim only: it is not the transfer's answer.
+    fact = tmp_path / "gpuenv_mpi.fact"
+    fact.write_text(json.dumps({"version": "4.1.4", "cuda_aware": True, "ompi_build": "abc"}))
+    out = "ompi:version:full:4.1.4\nmca:mpi:base:param:mpi_built_with_cuda_support:value:true\n"
+    got = mpi_probe.ompi(lambda argv, timeout_s=60: (0, out), str(fact), "abc")
+    assert got is not None and got["cuda_aware"] is False and got["cuda_tested"] is False
 
 
 @pytest.mark.parametrize("stamp", ["other", None])
-def test_mpi_probe_asks_ompi_info_when_the_build_changed_or_is_unknown(
+def test_mpi_probe_asks_again_when_the_build_changed_or_is_unknown(
     tmp_path: Path, stamp: str | None
 ) -> None:
     fact = tmp_path / "gpuenv_mpi.fact"
-    fact.write_text(json.dumps({"version": "4.1.4", "cuda_aware": False, "ompi_build": "abc"}))
+    fact.write_text(json.dumps({**RECORDED, "ompi_build": "abc"}))
     out = "ompi:version:full:5.0.7\nmca:mpi:base:param:mpi_built_with_cuda_support:value:true\n"
     got = mpi_probe.ompi(lambda argv, timeout_s=60: (0, out), str(fact), stamp)
-    assert got == {"version": "5.0.7", "cuda_aware": True, "build": stamp or ""}
+    # No GPU on the bus: built with CUDA support is a claim, not a tested answer.
+    assert got is not None and got["version"] == "5.0.7" and got["build"] == (stamp or "")
+    assert got["cuda_aware"] is False and got["cuda_tested"] is False
+    assert (
+        "no GPU" in got["cuda_evidence"]
+        and "mpi_built_with_cuda_support: true" in got["cuda_evidence"]
+    )
 
 
 def test_mpi_probe_reports_no_open_mpi_when_ompi_info_fails(tmp_path: Path) -> None:
@@ -275,10 +293,28 @@ def test_mpi_build_stamp_follows_the_cuda_switch_not_the_roles_own_mca_writes(
     def ldd(argv, timeout_s=60):
         return 0, f"\tlibmpi.so.40 => {lib} (0x0)\n"
 
-    before = mpi_probe.build_stamp(ldd)
+    before = mpi_probe.build_stamp(ldd, "ompi_info", 1)
     # The mpi role rewrites its MCA settings: the stamp (and the recorded answer) stay.
     conf.write_text("btl_tcp_if_include = eth0\nmpi_yield_when_idle = 1\n")
-    assert mpi_probe.build_stamp(ldd) == before
+    assert mpi_probe.build_stamp(ldd, "ompi_info", 1) == before
+    # A GPU came or went: whether the transfer can run changed, so it is asked again.
+    assert mpi_probe.build_stamp(ldd, "ompi_info", 0) != before
     # CUDA support switched off in the file: ompi_info must be asked again.
     conf.write_text("btl_tcp_if_include = eth0\nopal_cuda_support = 0\n")
-    assert mpi_probe.build_stamp(ldd) != before
+    assert mpi_probe.build_stamp(ldd, "ompi_info", 1) != before
+
+
+def test_mpi_build_stamp_follows_the_prefix_builds_own_mca_file(tmp_path):
+    prefix = tmp_path / "openmpi"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "etc").mkdir()
+    exe, lib = prefix / "bin/ompi_info", prefix / "libmpi.so.40"
+    exe.write_text("")
+    lib.write_text("")
+
+    def ldd(argv, timeout_s=60):
+        return 0, f"\tlibmpi.so.40 => {lib} (0x0)\n"
+
+    before = mpi_probe.build_stamp(ldd, str(exe), 1)
+    (prefix / "etc/openmpi-mca-params.conf").write_text("opal_cuda_support = 0\n")
+    assert mpi_probe.build_stamp(ldd, str(exe), 1) != before
