@@ -106,6 +106,9 @@ class RunVerdict:
     # Checks this node run left to gpuenv cluster's launches (--left-to-cluster): its OK stands
     # only with the cluster's results for them, which the cluster's verdict requires.
     left_to_cluster: list[str] = field(default_factory=list)
+    # What the run accepted on the user's word that users' code will meet (a result's
+    # details["caveat"]): "mpi: ... MPI code that hands GPU arrays to MPI will crash on this node".
+    caveats: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.ok and self.problems:
@@ -133,6 +136,7 @@ class RunVerdict:
             gpu_verified=bool(data.get("gpu_verified", False)),
             gpus_note=str(data.get("gpus_note", "")),
             left_to_cluster=[str(n) for n in data.get("left_to_cluster", [])],
+            caveats=[str(c) for c in data.get("caveats", [])],
         )
 
 

@@ -80,6 +80,9 @@ class Context:
     deadline_override_s: float | None = None
     strict: bool = False  # a measurement without a threshold FAILs instead of SKIPping
     gpu_subset: bool = False  # --gpu-subset: the visible GPUs are all the run must verify
+    # --mpi-host-staging: a GPU node whose MPI does not carry device buffers is accepted, with a
+    # caveat on the verdict line (checks/mpi.py).
+    mpi_host_staging: bool = False
 
     def deadline_s(self, check: str) -> float:
         if self.deadline_override_s is not None:

@@ -160,6 +160,11 @@ def assess(
         gpu_verified=gpu_verified,
         gpus_note=node.subset or "",
         left_to_cluster=list(left_to_cluster),
+        caveats=[
+            f"{r.check}: {r.details['caveat']}"
+            for r in results
+            if r.status is Status.PASS and r.details.get("caveat")
+        ],
     )
 
 
@@ -261,4 +266,9 @@ def assess_cluster(
         required=required,
         problems=problems,
         gpu_verified=gpu_verified,
+        caveats=[
+            f"{node}: {caveat}"
+            for node, run in report.node_reports.items()
+            for caveat in run.verdict.caveats
+        ],
     )

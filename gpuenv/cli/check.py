@@ -90,6 +90,13 @@ def _options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a measurement without a threshold FAILs (default: SKIP naming what is missing)",
     )
+    p.add_argument(
+        "--mpi-host-staging",
+        action="store_true",
+        help="accept a GPU node whose MPI does not carry device buffers: the mpi check passes on"
+        " buffers staged through host memory, and the verdict line says that MPI code handing"
+        " GPU arrays to MPI will crash there (default: such a node FAILs)",
+    )
     given = p.add_mutually_exclusive_group()
     given.add_argument(
         "--thresholds",
@@ -193,6 +200,7 @@ def handler(args: argparse.Namespace) -> int:
         deadline_override_s=args.deadline,
         strict=args.strict,
         gpu_subset=args.gpu_subset,
+        mpi_host_staging=args.mpi_host_staging,
     )
     report = run(ctx, names, args.json == "-", left)
     if args.json:

@@ -42,7 +42,8 @@ def verdict_line(verdict: RunVerdict, scope: str = "node") -> Text:
     note = f": {verdict.gpus_note}" if verdict.gpus_note else ""
     if verdict.left_to_cluster:
         note += f"; {', '.join(verdict.left_to_cluster)} left to gpuenv cluster's launches"
-    return Text.assemble("verdict: ", words, f"  ({where}; ", gpu, f"{note})")
+    caveats = [Text(f"; CAVEAT {c}", "bold yellow") for c in verdict.caveats]
+    return Text.assemble("verdict: ", words, f"  ({where}; ", gpu, note, *caveats, ")")
 
 
 def print_summary(report: RunReport, console: Console) -> None:
