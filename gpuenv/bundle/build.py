@@ -5,7 +5,9 @@ the output folder, so the unit tests hand it a fake; gpuenv.bundle.container run
 
 Layout of the output folder (serve it as is over HTTP; docs/sources.md, "Offline bundle"):
 
-    apt/pool/*.deb            every package of the closure
+    apt/pool/*.deb            every package of the closure, and the packages built from source
+                              (the mpi role's CUDA-aware Open MPI: Plan.builds)
+    src/                      the sources those were built from (checked against their SHA-256)
     apt/Packages(.gz)         the index
     apt/Release, InRelease, Release.gpg
     wheels/*.whl              the Python packages, built for the distribution's Python
@@ -15,10 +17,13 @@ Layout of the output folder (serve it as is over HTTP; docs/sources.md, "Offline
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import sys
+import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -63,6 +68,7 @@ class Manifest:
     wheel_bytes: int
     key_fingerprint: str
     created_at: str
+    built: list[str] = field(default_factory=list)  # apt/pool files built from source
 
 
 def validate_output(output: Path) -> Path:
@@ -101,9 +107,12 @@ def build_bundle(
     )
     progress.end("tools")
 
-    progress.begin("debs", f"dependency closure of {len(plan.debs)} packages")
-    names = repo.parse_closure(executor.run(repo.closure_argv(plan.debs)))
-    missing = sorted(set(plan.debs) - set(names))
+    built = [_build(executor, output, build, progress) for build in plan.builds]
+    wanted_debs = list(plan.debs) + [d for b in built for d in b.depends]
+
+    progress.begin("debs", f"dependency closure of {len(wanted_debs)} packages")
+    names = repo.parse_closure(executor.run(repo.closure_argv(wanted_debs)))
+    missing = sorted(set(wanted_debs) - set(names))
     if missing:
         raise GpuenvError(
             f"not in the {plan.codename} archive the build container reads: {', '.join(missing)}"
@@ -119,11 +128,17 @@ def build_bundle(
     progress.end("index", f"signed by {fingerprint}")
 
     progress.begin("verify", "apt reads the bundle alone and resolves every package")
-    _verify_apt(executor, plan)
+    _verify_apt(executor, plan, [str(b["package"]) for b in plan.builds])
     progress.end("verify")
 
     progress.begin("wheels", f"wheels for {plan.python_tag}: {', '.join(plan.wheels)}")
     wanted = list(plan.wheels)
+    if plan.builds:
+        # mpi4py's source: GPU nodes build it against the CUDA-aware Open MPI (pip --no-binary).
+        executor.run(
+            ["python3", "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+             "--dest", f"{MOUNT}/wheels", _mpi4py_requirement(plan)]
+        )  # fmt: skip
     if plan.with_gpuenv:
         wanted.append(f"{MOUNT}/wheels/{_gpuenv_wheel(root, output / 'wheels')}")
     executor.run(["python3", "-m", "venv", "/tmp/gpuenv-wheels"])
@@ -139,7 +154,9 @@ def build_bundle(
             *wanted,
         ]
     )
-    wheels = sorted(p.name for p in (output / "wheels").glob("*.whl"))
+    wheels = sorted(
+        p.name for p in (output / "wheels").iterdir() if p.name.endswith((".whl", ".tar.gz"))
+    )
     progress.end("wheels", f"{len(wheels)} wheels")
 
     debs = sorted(p.name for p in (apt_dir / "pool").glob("*.deb"))
@@ -159,6 +176,7 @@ def build_bundle(
         wheel_bytes=sum((output / "wheels" / w).stat().st_size for w in wheels),
         key_fingerprint=fingerprint,
         created_at=when.isoformat(timespec="seconds"),
+        built=[b.file for b in built],
     )
     (output / "bundle.json").write_text(json.dumps(asdict(manifest), indent=2) + "\n")
     return manifest
@@ -188,7 +206,7 @@ def verify_sources(key: str) -> str:
     return f"deb [signed-by={key}] file:{MOUNT}/apt ./\n"
 
 
-def _verify_apt(executor: Executor, plan: Plan) -> None:
+def _verify_apt(executor: Executor, plan: Plan, built: Sequence[str] = ()) -> None:
     """apt with the bundle as its only source: the signature checks and every package resolves."""
     work = "/tmp/gpuenv-bundle-verify"
     executor.run(["mkdir", "-p", f"{work}/lists/partial", f"{work}/parts"])
@@ -218,6 +236,7 @@ def _verify_apt(executor: Executor, plan: Plan) -> None:
             "-o",
             "Dir::State::status=/dev/null",
             *plan.debs,
+            *built,
         ]
     )
 
@@ -251,3 +270,78 @@ def _gpuenv_wheel(root: Path, dest: Path) -> str:
     if not built:
         raise GpuenvError(f"pip wheel {root} left no gpuenv wheel in {dest}")
     return built[-1].name
+
+
+# The mpi role's build script, run in the build container as on the role's build node.
+BUILD_SCRIPT = ROOT / "roles" / "mpi" / "files" / "build-openmpi-cuda.sh"
+# What the build needs in the container: compilers and the CUDA headers (Debian's toolkit
+# headers, /usr/include/cuda.h; Open MPI loads the driver's libcuda at run time).
+SOURCE_BUILD_DEBS = ("gcc", "g++", "make", "nvidia-cuda-dev")
+# Fetching a source tarball on the controller; past this it stops.
+SOURCE_DEADLINE_S = 600
+
+
+@dataclass(frozen=True)
+class Built:
+    file: str
+    depends: tuple[str, ...]
+
+
+def fetch_source(url: str, sha256: str, dest: Path) -> Path:
+    """The tarball at ``url`` in ``dest``, checked against ``sha256`` (a mismatch is an error
+    naming both digests; nothing unchecked is kept)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / url.rsplit("/", 1)[-1]
+    if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == sha256:
+        return target
+    partial = target.with_name(target.name + ".part")
+    try:
+        with (
+            urllib.request.urlopen(url, timeout=SOURCE_DEADLINE_S) as answer,
+            partial.open("wb") as out,
+        ):
+            shutil.copyfileobj(answer, out)
+    except OSError as exc:
+        raise GpuenvError(f"cannot fetch {url}: {exc}") from exc
+    got = hashlib.sha256(partial.read_bytes()).hexdigest()
+    if got != sha256:
+        partial.unlink()
+        raise GpuenvError(f"{url}: sha256 {got}, expected {sha256}: not used")
+    partial.replace(target)
+    return target
+
+
+def depends_names(field_text: str) -> tuple[str, ...]:
+    """Package names of a Depends field (alternatives and versions dropped)."""
+    names = []
+    for part in field_text.split(","):
+        first = part.split("|")[0].strip()
+        if first:
+            names.append(first.split()[0].split(":")[0])
+    return tuple(names)
+
+
+def _build(executor: Executor, output: Path, build: dict, progress: Progress) -> Built:
+    """Build one of the plan's packages in the container into apt/pool."""
+    name = f"build {build['package']}"
+    progress.begin(name, f"{build['file']} from {build['url']} (minutes)")
+    tarball = fetch_source(str(build["url"]), str(build["sha256"]), output / "src")
+    shutil.copy2(BUILD_SCRIPT, output / "src" / BUILD_SCRIPT.name)
+    executor.run(
+        ["apt-get", "install", "--quiet", "--yes", "--no-install-recommends", *SOURCE_BUILD_DEBS]
+    )
+    executor.run(
+        ["sh", f"{MOUNT}/src/{BUILD_SCRIPT.name}", f"{MOUNT}/src/{tarball.name}",
+         str(build["sha256"]), "/usr:/usr/local/cuda", str(build["prefix"]),
+         str(build["package"]), str(build["version"]), f"{MOUNT}/apt/pool",
+         *[str(a) for a in build.get("configure_args", [])]]
+    )  # fmt: skip
+    deb = f"{MOUNT}/apt/pool/{build['file']}"
+    depends = depends_names(executor.run(["dpkg-deb", "-f", deb, "Depends"]))
+    progress.end(name, build["file"])
+    return Built(str(build["file"]), depends)
+
+
+def _mpi4py_requirement(plan: Plan) -> str:
+    found = [w for w in plan.wheels if w.split("=")[0].split("<")[0].split(">")[0] == "mpi4py"]
+    return found[0] if found else "mpi4py"

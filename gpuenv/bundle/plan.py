@@ -74,6 +74,8 @@ class Plan:
     origins: dict[str, str] = field(default_factory=dict)
     with_gpuenv: bool = True
     mirror: str = ""
+    # Packages built from source into the bundle's repository (StagePackages.builds).
+    builds: tuple[dict[str, Any], ...] = ()
 
     def build_sources(self) -> str:
         """The deb822 entry the build container downloads from (the nodes' archive)."""
@@ -121,6 +123,8 @@ STAGES = ("nvidia_driver", "cuda_toolkit", "nccl", "mpi", "ssh_mesh", "gpu_env")
 PLAYBOOK = "playbooks/bundle_packages.yml"
 # ansible-playbook on localhost takes about 9 s here; past this its session is killed.
 ASK_DEADLINE_S = 180
+# What pip needs on a node to build mpi4py from its source (the CUDA-aware Open MPI's mpicc).
+SOURCE_BUILD_WHEELS = ("cython", "setuptools", "build")
 # A fact only the node knows stands in the package names as this placeholder (never guessed).
 NODE_FACT = "<ansible_facts['kernel']>"
 
@@ -132,6 +136,9 @@ class StagePackages:
     debs: tuple[str, ...]
     wheels: tuple[str, ...]
     method: str = ""  # the install method, for the stages that have one
+    # Packages the bundle builds from source (the mpi role's CUDA-aware Open MPI): package,
+    # version, file, url, sha256, prefix, configure_args, role.
+    builds: tuple[dict[str, Any], ...] = ()
 
 
 # Asks Ansible for the packages of each stage: (pins file, pinned facts, driver modes, GPU wheels).
@@ -216,6 +223,7 @@ def parse_answer(text: str, returncode: int | None) -> dict[str, StagePackages]:
             debs=tuple(str(d) for d in entry["debs"]),
             wheels=tuple(str(w) for w in entry["wheels"]),
             method=str(entry.get("method", "")),
+            builds=tuple(dict(b) for b in entry.get("builds", [])),
         )
         for stage, entry in answer[-1].items()
     }
@@ -277,6 +285,7 @@ def plan_bundle(
     debs: dict[str, str] = {}
     node_specific: list[str] = []
     wheels: list[str] = []
+    builds: list[dict[str, Any]] = []
     for stage in STAGES:
         for name in stages[stage].debs:
             if NODE_FACT in name:
@@ -286,6 +295,11 @@ def plan_bundle(
             else:
                 debs.setdefault(name, stage)
         wheels += stages[stage].wheels
+        builds += stages[stage].builds
+    if builds:
+        # mpi4py is built on the node against the CUDA-aware Open MPI: its source and what
+        # building it needs (gpu_env's packages.yml).
+        wheels += list(SOURCE_BUILD_WHEELS)
     if torch:
         wheels.append(torch)
     for name in extra_debs:
@@ -304,6 +318,7 @@ def plan_bundle(
         origins=dict(sorted(debs.items())),
         with_gpuenv=with_gpuenv,
         mirror=str(pins.get("nvidia_driver_debian_mirror", "")) if os_name == "Debian" else "",
+        builds=tuple(builds),
     )
 
 

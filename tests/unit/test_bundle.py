@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from gpuenv.bundle import build as build_module
 from gpuenv.bundle import plan as plan_module
 from gpuenv.bundle import repo
 from gpuenv.bundle.build import MOUNT, build_bundle, validate_output
@@ -39,6 +40,7 @@ def recorded(
             tuple(v["debs"]),
             tuple(v["wheels"]),
             str(chosen.get(f"{stage}_install_method", v["method"])) if v["method"] else "",
+            tuple(v.get("builds", [])),
         )
         for stage, v in entry.items()
     }
@@ -47,6 +49,22 @@ def recorded(
 @pytest.fixture(autouse=True)
 def _ansible_answers_from_the_recording(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plan_module, "ask_ansible", recorded)
+
+
+FETCHED: list[tuple[str, str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _sources_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source tarball as fetch_source would leave it (checked), without the network."""
+
+    def fetch(url: str, sha256: str, dest: Path) -> Path:
+        FETCHED.append((url, sha256))
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / url.rsplit("/", 1)[-1]).write_bytes(b"source")
+        return dest / url.rsplit("/", 1)[-1]
+
+    monkeypatch.setattr(build_module, "fetch_source", fetch)
 
 
 def test_debian_13_plan_takes_each_stage_from_the_roles_tables() -> None:
@@ -204,6 +222,13 @@ class FakeContainer:
             return "Get:1 file:/bundle/apt ./ InRelease [1 kB]\n"
         if len(argv) > 1 and argv[1] == "wheel":
             (self.output / "wheels" / "numpy-2.0-cp311-cp311-linux_x86_64.whl").write_bytes(b"w")
+        if argv[0] == "sh" and argv[1].endswith("build-openmpi-cuda.sh"):
+            pool = Path(str(self.output) + argv[8][len(MOUNT) :])
+            (pool / f"{argv[6]}_{argv[7]}_amd64.deb").write_bytes(b"built")
+        if argv[:3] == ["dpkg-deb", "-f", argv[2]] and argv[-1] == "Depends":
+            return "libc6 (>= 2.34), libhwloc15, libevent-core-2.1-7 | libevent-2.1-7\n"
+        if "download" in argv and "--no-binary" in argv:
+            (self.output / "wheels" / "mpi4py-4.1.2.tar.gz").write_bytes(b"s")
         return ""
 
 
@@ -344,3 +369,52 @@ def test_pip_requirements_are_taken(req):
     from gpuenv.cli.argtypes import requirement
 
     assert requirement(req) == req
+
+
+def test_a_gpu_bundle_builds_and_carries_the_cuda_aware_open_mpi(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    plan = plan_bundle("debian-12", with_gpuenv=False)
+    (build,) = plan.builds
+    assert build["package"] == "gpuenv-openmpi-cuda" and build["role"] == "mpi"
+    assert build["url"].endswith("/pool/main/o/openmpi/openmpi_4.1.4.orig.tar.xz")
+    assert build["file"] == f"gpuenv-openmpi-cuda_{build['version']}_amd64.deb"
+    assert {"cython", "setuptools", "build"} <= set(plan.wheels)
+    fake = FakeContainer(out)
+    manifest = build_bundle(plan, out, fake, Recorder())
+    # Built into the signed repository from a checked source, its dependencies in the closure.
+    assert manifest.built == [build["file"]] and build["file"] in manifest.debs
+    assert FETCHED[-1] == (build["url"], build["sha256"])
+    argvs = [argv for argv, _ in fake.calls]
+    closure = next(a for a in argvs if a[:2] == ["apt-cache", "depends"])
+    assert {"libhwloc15", "libevent-core-2.1-7"} <= set(closure)
+    script = next(a for a in argvs if a[0] == "sh" and a[1].endswith("build-openmpi-cuda.sh"))
+    assert script[3] == build["sha256"] and script[5] == "/opt/gpuenv/openmpi"
+    assert argvs.index(script) < argvs.index(repo.keygen_argv())
+    simulate = next(a for a in argvs if "--simulate" in a)
+    assert build["package"] in simulate
+    # mpi4py's source, which GPU nodes build against it.
+    assert "mpi4py-4.1.2.tar.gz" in manifest.wheels
+
+
+def test_a_cpu_bundle_builds_nothing() -> None:
+    plan = plan_bundle("debian-12", driver_mode="userspace", gpu_wheels=False)
+    assert plan.builds == () and "cython" not in plan.wheels
+
+
+def test_depends_names_drop_versions_and_alternatives() -> None:
+    got = build_module.depends_names("libc6 (>= 2.34), libhwloc15, libevent-core-2.1-7 | libx\n")
+    assert got == ("libc6", "libhwloc15", "libevent-core-2.1-7")
+
+
+def test_a_source_that_does_not_match_its_checksum_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.undo()
+    src = tmp_path / "openmpi.tar.xz"
+    src.write_bytes(b"tampered")
+    with pytest.raises(GpuenvError, match=r"sha256 .* expected 00"):
+        build_module.fetch_source(src.as_uri(), "00" * 32, tmp_path / "out")
+    assert not list((tmp_path / "out").iterdir())
+    good = hashlib.sha256(b"tampered").hexdigest()
+    kept = build_module.fetch_source(src.as_uri(), good, tmp_path / "out")
+    assert kept.read_bytes() == b"tampered"
