@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from nodehelpers import hostvars, local_fact, login_run, require, venv
+import pytest
+from nodehelpers import gpu_count, hostvars, local_fact, login_run, require, require_gpu, venv
 
 ALLREDUCE = """
 import json
@@ -40,11 +41,69 @@ def test_mpirun_version_matches_recorded_fact(host):
             assert host.package(pkg).is_installed, f"{pkg} is not installed"
 
 
-def test_cuda_awareness_fact_matches_ompi_info(host):
+# The seed documents' first method, as users write it: CuPy arrays straight into Bcast and Gather.
+SEED = """
+import json
+import cupy as cp
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
+n = 10 * size
+data = cp.arange(n, dtype=cp.float32) if rank == 0 else cp.empty(n, dtype=cp.float32)
+comm.Bcast(data, root=0)
+part = cp.square(data[rank * 10 : (rank + 1) * 10])
+cp.cuda.get_current_stream().synchronize()
+got = cp.empty([size, 10], dtype=cp.float32) if rank == 0 else None
+comm.Gather(part, got, root=0)
+if rank == 0:
+    want = cp.square(cp.arange(10 * size, dtype=cp.float32))
+    print(json.dumps({"size": size, "ok": bool(cp.all(got.reshape(-1) == want))}))
+"""
+
+
+def _require_cuda_build(host) -> None:
+    if hostvars(host).get("mpi_cuda_build", "auto") == "never":
+        pytest.skip("mpi_cuda_build: never: this node keeps the OS's Open MPI (no device buffers)")
+
+
+def test_cuda_awareness_fact_is_the_transfers_answer(host):
     require(host, "mpi")
-    out = host.check_output("ompi_info --parsable --all")
-    built = "mpi_built_with_cuda_support:value:true" in out
-    assert _fact(host)["cuda_aware"] is built
+    fact = _fact(host)
+    if gpu_count(host) == 0:
+        # No GPU: no transfer runs, and the build's claim is not taken for an answer.
+        assert fact["cuda_aware"] is False and fact["cuda_tested"] is False, fact
+        assert "no device transfer" in fact["cuda_evidence"], fact
+        return
+    assert fact["cuda_tested"] is True, fact
+    if hostvars(host).get("mpi_cuda_build", "auto") != "never":
+        assert fact["cuda_aware"] is True, fact["cuda_evidence"]
+        assert fact["prefix"] == hostvars(host).get("mpi_cuda_prefix", "/opt/gpuenv/openmpi")
+
+
+def test_the_login_shell_runs_the_cuda_aware_mpirun_and_mpi4py(host):
+    require(host, "mpi", "env")
+    require_gpu(host)
+    _require_cuda_build(host)
+    prefix = _fact(host)["prefix"]
+    assert prefix, "the mpi role recorded no CUDA-aware Open MPI prefix on a GPU node"
+    assert login_run(host, "command -v mpirun").stdout.strip() == f"{prefix}/bin/mpirun"
+    py = f"{venv(host)}/bin/python"
+    res = login_run(host, f"{py} -c 'import mpi4py; print(mpi4py.get_config()[\"mpicc\"])'")
+    assert res.stdout.strip() == f"{prefix}/bin/mpicc", res.stdout + res.stderr
+
+
+def test_the_seed_documents_cupy_mpi_method_runs(host):
+    require(host, "mpi", "env")
+    require_gpu(host)
+    _require_cuda_build(host)
+    assert _fact(host)["cuda_aware"], _fact(host)["cuda_evidence"]
+    script = SEED.replace("'", "'\"'\"'")
+    for ranks in (1, 2):
+        cmd = f"cd /tmp && timeout 120 mpirun --oversubscribe -np {ranks} python3 -c '{script}'"
+        res = login_run(host, cmd)
+        assert res.rc == 0, res.stderr[-2000:]
+        assert '"ok": true' in res.stdout and f'"size": {ranks}' in res.stdout, res.stdout
 
 
 def test_hostfile_lists_every_mpi_node(host):
