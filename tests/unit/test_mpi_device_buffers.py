@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -249,3 +251,47 @@ def test_the_option_and_the_profile_key_reach_the_ranks():
     keyed["profiles"]["quick"].setdefault("mpi", {})["host_staging"] = True
     by_profile = Context(node="n1", profile="quick", thresholds=keyed)
     assert "--host-staging-ok" in mpi_check.command(by_profile, GPU_NODE, 2)
+
+
+RANK_CHILD = r"""
+import os, subprocess, sys
+from mpi4py import MPI
+from gpuenv.checks import mpi as check
+from gpuenv.floor import ompi
+program = ompi.TRANSFER_PROGRAM.split("mpi = ctypes.CDLL", 1)[1]
+# The transfer's MPI half on host buffers: its handles and a singleton of its own.
+mpi_lines = program.split("print(\"transfer-start\"")[0]
+host = "import ctypes, sys\nN = 4096\nmpi = ctypes.CDLL" + mpi_lines
+host += '''
+src = (ctypes.c_float * N)(*range(N)); dst = (ctypes.c_float * N)()
+rc = mpi.MPI_Allreduce(src, dst, N, handle("ompi_mpi_float"), handle("ompi_mpi_op_sum"),
+                       handle("ompi_mpi_comm_self"))
+mpi.MPI_Finalize()
+print("host-ok" if rc == 0 and list(dst) == [float(i) for i in range(N)] else "bad")
+'''
+if MPI.COMM_WORLD.Get_rank() == 0:
+    env = {k: v for k, v in os.environ.items() if not check.LAUNCH_ENV.match(k)}
+    done = subprocess.run([sys.executable, "-c", host, check.loaded_libmpi()], env=env,
+                          capture_output=True, text=True, timeout=60)
+    print("child", done.returncode, done.stdout.strip())
+MPI.COMM_WORLD.Barrier()
+"""
+
+
+def test_a_rank_finds_its_libmpi_and_its_child_is_a_singleton_of_its_own():
+    # What the check does in rank 0 (loaded_libmpi, LAUNCH_ENV), with the transfer's own MPI
+    # lines on host buffers: the handles resolve in this libmpi and MPI_Init in a child of a
+    # launched rank starts a job of its own. Needs mpirun and mpi4py (the CI machine has both).
+    mpirun = shutil.which("mpirun")
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        pytest.skip("mpi4py not installed")
+    if mpirun is None:
+        pytest.skip("mpirun not installed (apt-get install openmpi-bin)")
+    argv = [mpirun, "--oversubscribe", "-n", "2", PYTHON, "-c", RANK_CHILD]
+    if os.geteuid() == 0:
+        argv.insert(1, "--allow-run-as-root")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "child 0 host-ok" in done.stdout, done.stdout + done.stderr[-2000:]
