@@ -276,7 +276,7 @@ def _gpuenv_wheel(root: Path, dest: Path) -> str:
 BUILD_SCRIPT = ROOT / "roles" / "mpi" / "files" / "build-openmpi-cuda.sh"
 # What the build needs in the container: compilers and the CUDA headers (Debian's toolkit
 # headers, /usr/include/cuda.h; Open MPI loads the driver's libcuda at run time).
-SOURCE_BUILD_DEBS = ("gcc", "g++", "make", "nvidia-cuda-dev")
+SOURCE_BUILD_DEBS = ("gcc", "g++", "make", "xz-utils", "nvidia-cuda-dev")
 # Fetching a source tarball on the controller; past this it stops.
 SOURCE_DEADLINE_S = 600
 

@@ -28,7 +28,9 @@ for home in $(echo "$homes" | tr ':' ' '); do
 done
 [ -n "$cuda" ] || fail "no include/cuda.h under $homes: install the CUDA toolkit or set mpi_cuda_home"
 echo "$sha  $orig" | sha256sum -c --quiet - || fail "$orig does not match sha256 $sha"
-for tool in cc c++ make dpkg-deb dpkg; do
+tools="cc c++ make dpkg-deb dpkg"
+case "$orig" in *.xz) tools="$tools xz" ;; *.bz2) tools="$tools bzip2" ;; esac
+for tool in $tools; do
   command -v "$tool" >/dev/null || fail "$tool is not installed on the build host"
 done
 
@@ -64,13 +66,20 @@ echo "make -j$jobs"
 root=$work/root
 (cd "$src" && make install DESTDIR="$root") >>"$log" 2>&1 || { tail -n 40 "$log" >&2; fail "make install failed"; }
 
-# Depends: the packages owning the libraries the build links, outside its own prefix and the driver.
-deps=$(find "$root$prefix" -type f \( -name '*.so*' -o -perm -u+x \) -exec sh -c \
-  'for f; do [ "$(head -c 4 "$f" | tail -c 3)" = ELF ] && ldd "$f" 2>/dev/null; done; true' sh {} + |
-  sed -n 's/.*=> \(\/[^ ]*\) .*/\1/p' | grep -v "^$prefix/" | grep -v 'libcuda\.so' | sort -u |
-  while read -r lib; do
-    dpkg -S "$(readlink -f "$lib")" 2>/dev/null || dpkg -S "$lib" 2>/dev/null || true
-  done | grep -v '^diversion' | sed 's/:.*//' | tr ',' '\n' | sed 's/^ *//' | sort -u | paste -sd, - | sed 's/,/, /g')
+# Depends: the packages owning the libraries the build links, outside its own tree and the driver.
+# The staged tree's libraries resolve first (its RUNPATH, the prefix, does not exist yet here, and
+# the distribution's Open MPI of the same soname must not be taken for them).
+depends() {  # depends ROOT PREFIX
+  find "$1$2" -type f \( -name '*.so*' -o -perm -u+x \) -exec sh -c \
+    'for f; do [ "$(head -c 4 "$f" | tail -c 3)" = ELF ] && ldd "$f" 2>/dev/null; done; true' sh {} + |
+    sed -n 's/.*=> \(\/[^ ]*\) .*/\1/p' | grep -v -e "^$1/" -e "^$2/" -e 'libcuda\.so' | sort -u |
+    while read -r lib; do
+      dpkg -S "$(readlink -f "$lib")" 2>/dev/null || dpkg -S "$lib" 2>/dev/null || true
+    done | grep -v '^diversion' | sed 's/:.*//' | tr ',' '\n' | sed 's/^ *//' | sort -u |
+    paste -sd, - | sed 's/,/, /g'
+}
+deps=$(LD_LIBRARY_PATH="$root$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" depends "$root" "$prefix")
+case "$deps" in *libopenmpi*) fail "the build links the distribution's Open MPI ($deps)" ;; esac
 arch=$(dpkg --print-architecture)
 size=$(du -sk "$root" | cut -f1)
 mkdir -p "$root/DEBIAN"
