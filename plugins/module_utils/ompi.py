@@ -68,8 +68,13 @@ def read(run: Run, ompi_info: str = "ompi_info") -> dict | None:
 # memory and the process dies with SIGSEGV: the crash users' ``comm.Gather(cupy_array)`` meets.
 # Standard library only (ctypes over libcuda.so.1 and the libmpi ompi_info loads), so it runs
 # before any venv exists. Exit 3: no usable GPU (not decided); it prints one verdict word last.
-TRANSFER_PROGRAM = r"""# gpuenv.floor.ompi transfer: does this libmpi carry a CUDA device buffer through MPI_Allreduce?
-import ctypes, sys
+# Its first line names it: the floor's command name of the run (fixture files) comes from it alone.
+TRANSFER_PROGRAM = (
+    (
+        "# gpuenv.floor.ompi transfer: does this libmpi carry a CUDA device buffer"
+        " through MPI_Allreduce?\n"
+    )
+    + r"""import ctypes, sys
 N = 4096
 size = ctypes.c_size_t(N * 4)
 try:
@@ -103,6 +108,7 @@ mpi.MPI_Finalize()
 good = rc == 0 and list(back) == [float(i) for i in range(N)]
 print("transfer-ok" if good else "transfer-wrong rc=%d" % rc)
 """
+)
 TRANSFER_DEADLINE_S = 60
 NO_GPU_EXIT = 3
 SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
