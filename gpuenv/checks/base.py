@@ -230,3 +230,28 @@ def verdict(
         common["details"][NOT_JUDGED] = list(unjudged)
         return Result(check, ctx.node, status, why, **common)
     return Result(check, ctx.node, Status.PASS, passed, **common)
+
+
+# mpirun --version answers in well under a second; past this it is not Open MPI's.
+MPIRUN_VERSION_DEADLINE_S = 20.0
+
+
+def is_open_mpi() -> bool:
+    """Whether the mpirun on PATH is Open MPI's (its flags below mean nothing to another MPI)."""
+    from gpuenv import proc
+
+    try:
+        done = proc.capture(["mpirun", "--version"], MPIRUN_VERSION_DEADLINE_S)
+    except OSError:
+        return False
+    said = done.stdout + done.stderr
+    return done.returncode is not None and ("Open MPI" in said or "OpenRTE" in said)
+
+
+def mpirun_flags(open_mpi: bool) -> list[str]:
+    """What a user of Open MPI adds: more ranks than cores, and root's explicit consent."""
+    import os
+
+    if not open_mpi:
+        return []
+    return ["--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]

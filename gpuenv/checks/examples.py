@@ -46,7 +46,15 @@ from typing import Any
 
 from gpuenv import proc
 from gpuenv.checks import ranklog
-from gpuenv.checks.base import Context, NodeInfo, Placement, always_needed, has_module
+from gpuenv.checks.base import (
+    Context,
+    NodeInfo,
+    Placement,
+    always_needed,
+    has_module,
+    is_open_mpi,
+    mpirun_flags,
+)
 from gpuenv.checks.pycuda import nvcc
 from gpuenv.results import Measurement, Result, Status
 
@@ -63,7 +71,6 @@ RESULT_PREFIX = "EXAMPLE-RESULT "
 MIN_RANKS = 2  # a collective with itself proves nothing; where a GPU of its own is not needed
 EACH_S = 180.0  # one example's deadline, unless the profile says (examples.each_s)
 SPARE_S = 2.0  # kept from the check's deadline to report what ran
-MPIRUN_VERSION_DEADLINE_S = 20.0
 ERROR_LINES = 6  # of an example's output, in a FAIL's reason
 TAIL_LINES = 30  # of an example's output, in the details
 LINE_CHARS = 300
@@ -158,13 +165,6 @@ def _tool(name: str) -> str | None:
     return nvcc() if name == "nvcc" else shutil.which(name)
 
 
-def _mpi_flags(open_mpi: bool) -> list[str]:
-    """What a user of Open MPI adds: more ranks than cores, and root's explicit consent."""
-    if not open_mpi:
-        return []
-    return ["--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
-
-
 def command_of(
     example: Example, path: Path, gpus: int, params: Mapping[str, Any], open_mpi: bool
 ) -> list[str]:
@@ -173,9 +173,9 @@ def command_of(
     array = ["--array", "cupy" if gpus else "numpy"]
     shared = max(MIN_RANKS, gpus)  # ranks may share a GPU (or the CPU)
     if example.name == "mpi_cupy":
-        return ["mpirun", "-n", str(shared), *_mpi_flags(open_mpi), py, file, *array]
+        return ["mpirun", "-n", str(shared), *mpirun_flags(open_mpi), py, file, *array]
     if example.name == "nccl_cupy_mpi":  # NCCL: a GPU of its own for every rank
-        return ["mpirun", "-n", str(gpus), *_mpi_flags(open_mpi), py, file]
+        return ["mpirun", "-n", str(gpus), *mpirun_flags(open_mpi), py, file]
     if example.name == "dask_cupy":
         n, chunk = int(params.get("dask_n", 2048)), int(params.get("dask_chunk", 512))
         return [py, file, *array, "--n", str(n), "--chunk", str(chunk)]
@@ -338,15 +338,6 @@ def judge(
 # ---------------------------------------------------------------- the driver
 
 
-def _is_open_mpi() -> bool:
-    try:
-        done = proc.capture(["mpirun", "--version"], MPIRUN_VERSION_DEADLINE_S)
-    except OSError:
-        return False
-    said = done.stdout + done.stderr
-    return done.returncode is not None and ("Open MPI" in said or "OpenRTE" in said)
-
-
 def run_one(planned: Planned, deadline_s: float, workdir: Path) -> dict[str, Any]:
     """Start one planned example in its own process session; what it did, for the judge."""
     seen: dict[str, Any] = {
@@ -409,7 +400,7 @@ def main(argv: Sequence[str]) -> int:
     folder = examples_dir()
     if folder is None:
         raise SystemExit("gpuenv.checks.examples: the examples are not installed")
-    open_mpi = _is_open_mpi()  # a second of mpirun, paid before the gate
+    open_mpi = is_open_mpi()  # a second of mpirun, paid before the gate
     log.mark(NAME, "ready")
     ranklog.wait_gate()
     rank = ranklog.launched_rank(NAME, 0, 1)

@@ -32,6 +32,8 @@ from gpuenv.checks.base import (
     Placement,
     always_needed,
     has_module,
+    is_open_mpi,
+    mpirun_flags,
     rank_problems,
     verdict,
 )
@@ -48,7 +50,6 @@ PLACEMENT = Placement.LAUNCHER
 OPTIONAL = False
 needed = always_needed
 MIN_RANKS = 2  # one rank agreeing with itself proves nothing
-MPIRUN_VERSION_DEADLINE_S = 20.0
 # The transfer child inherits none of mpirun's wiring: it is a singleton of its own.
 LAUNCH_ENV = re.compile(r"^(OMPI_|PMIX_|PRTE_|PMI_)")
 # details key: what a result accepted that users will meet (the run verdict's caveats).
@@ -76,23 +77,10 @@ def host_staging_accepted(ctx: Context) -> bool:
     return ctx.mpi_host_staging or bool(ctx.profile_params(NAME).get("host_staging", False))
 
 
-def _is_open_mpi() -> bool:
-    try:
-        done = proc.capture(["mpirun", "--version"], MPIRUN_VERSION_DEADLINE_S)
-    except OSError:
-        return False
-    said = done.stdout + done.stderr
-    return done.returncode is not None and ("Open MPI" in said or "OpenRTE" in said)
-
-
 def command(ctx: Context, node: NodeInfo, world: int) -> list[str]:
     mib = float(ctx.profile_params(NAME).get("mib", 16))
-    argv = ["mpirun", "-n", str(world)]
-    if _is_open_mpi():
-        # The CI machine has fewer cores than ranks; root needs Open MPI's explicit consent.
-        argv.append("--oversubscribe")
-        if os.geteuid() == 0:
-            argv.append("--allow-run-as-root")
+    # The CI machine has fewer cores than ranks; root needs Open MPI's explicit consent.
+    argv = ["mpirun", "-n", str(world), *mpirun_flags(is_open_mpi())]
     device = "cuda" if node.has_gpu else "cpu"
     rank_argv = [sys.executable, "-m", "gpuenv.checks.mpi", "--device", device, "--mib", str(mib)]
     if host_staging_accepted(ctx):
