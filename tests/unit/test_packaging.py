@@ -16,7 +16,10 @@ def test_every_package_folder_is_listed_and_the_floor_is_module_utils():
     folders = {
         ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "gpuenv").rglob("__init__.py")
     }
-    assert set(PYPROJECT["packages"]) == folders | {"gpuenv.floor", "gpuenv.examples"}
+    # Folders of data files are listed as packages too, each with its package-data.
+    data = {"gpuenv.data", "gpuenv.cloud.templates"}
+    assert set(PYPROJECT["packages"]) == folders | {"gpuenv.floor", "gpuenv.examples"} | data
+    assert data <= set(PYPROJECT["package-data"])
     assert PYPROJECT["package-dir"] == {
         "gpuenv.floor": "plugins/module_utils",
         "gpuenv.examples": "examples",
