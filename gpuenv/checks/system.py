@@ -63,7 +63,12 @@ def probe() -> dict[str, Any]:
     try:
         import pynvml
     except ImportError:
-        return {"available": False, "reason": "nvidia-ml-py (pynvml) not installed"}
+        # Nothing was asked of the driver: the reason must not read as "the driver sees none".
+        return {
+            "available": False,
+            "reason": "nvidia-ml-py (pynvml) not installed",
+            "unread": True,
+        }
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
@@ -310,14 +315,17 @@ def judge(
     if not info.get("available"):
         if expected:
             where = f" at {', '.join(on_bus)}" if on_bus else ""
+            seen = (
+                f"NVML could not be asked: {info['reason']} (pip install nvidia-ml-py in the"
+                " environment gpuenv runs in)"
+                if info.get("unread")
+                else f"the driver sees none: {info['reason']}"
+            )
             return Result(
                 NAME,
                 ctx.node,
                 Status.FAIL,
-                reason=(
-                    f"{source} says {expected} NVIDIA GPU(s){where}, but the driver sees none:"
-                    f" {info['reason']}"
-                ),
+                reason=f"{source} says {expected} NVIDIA GPU(s){where}, but {seen}",
                 measurements=[Measurement("gpus", 0, "", expected, "min")],
                 versions=versions,
                 details=pci_note,

@@ -1,5 +1,7 @@
 """Every judge, with payloads that must pass and payloads that must not."""
 
+import sys
+
 import pytest
 
 from gpuenv.checks import cupy, ddp, mpi, nccl_log, streams, system
@@ -50,6 +52,18 @@ def test_gpus_on_the_bus_without_a_driver_fail_naming_their_addresses():
     assert result.status is Status.FAIL
     assert "0000:17:00.0, 0000:18:00.0" in result.reason and "Driver Not Loaded" in result.reason
     assert node.pci_gpus and not node.gpus
+
+
+def test_gpus_on_the_bus_without_nvidia_ml_py_say_nvml_was_not_asked(monkeypatch):
+    # The probe as it answers without pynvml: nothing was asked of the driver.
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    probe = system.probe()
+    assert probe["available"] is False and probe.get("unread") is True
+    payload = {"probe": probe, "pci_gpus": ["0000:17:00.0"], "versions": {}}
+    result = system.judge(_ctx(), system.node_info(payload, None), {0: payload}, 1)
+    assert result.status is Status.FAIL
+    assert "NVML could not be asked: nvidia-ml-py (pynvml) not installed" in result.reason
+    assert "driver sees none" not in result.reason
 
 
 def test_a_gpu_the_driver_does_not_see_is_named():
