@@ -17,7 +17,7 @@ from typing import Any
 from gpuenv.cli.argtypes import output_target, positive
 from gpuenv.errors import BadInput
 from gpuenv.health.dcgm import LEVELS as DCGM_LEVELS  # standard library only
-from gpuenv.health.findings import ACTIONS  # the ladder (standard library only)
+from gpuenv.health.findings import ACTIONS, MUST_NOT_RUN_JOBS  # the ladder (standard library only)
 from gpuenv.health.slurm import CACHE_FILE, CACHE_S  # standard library only
 
 
@@ -37,9 +37,11 @@ def register(subparsers: Any) -> None:
                    help="with -i: scan as root (sudo -n), reading and writing each node's state"
                    " file; otherwise the nodes scan with --no-state")  # fmt: skip
     p.add_argument("--html", metavar="FILE", help="with -i: write the node x signal table as HTML")
-    p.add_argument("--fail-on", choices=ACTIONS[1:], default="drain", metavar="ACTION",
+    p.add_argument("--fail-on", choices=ACTIONS[1:], default=MUST_NOT_RUN_JOBS, metavar="ACTION",
                    help="exit 1 when a finding's action is this or above (watch, reset, reboot,"
-                   " drain, replace; default drain)")  # fmt: skip
+                   f" drain, replace; default {MUST_NOT_RUN_JOBS}: a node that needs a reset or"
+                   " more must not take the next job). A looser value is your choice: the verdict"
+                   " line still names what the node needs")  # fmt: skip
     p.add_argument("--thresholds", metavar="FILE", help="YAML overriding the health section")
     p.add_argument("--dcgm", type=int, choices=DCGM_LEVELS, metavar="LEVEL",
                    help="also run DCGM's `dcgmi diag -r LEVEL` (1, 2 or 3) under a deadline and"

@@ -12,6 +12,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ACTIONS = ("none", "watch", "reset", "reboot", "drain", "replace")
+# From this action up, the node must not take the next job: `gpuenv health` exits 1 by default
+# (--fail-on), and the Slurm health check and prolog drain on it.
+MUST_NOT_RUN_JOBS = "reset"
+# The verdict word of each worst action: only a node whose worst is none or watch is HEALTHY.
+VERDICT_WORDS = {
+    "none": "HEALTHY",
+    "watch": "HEALTHY, WATCH",
+    "reset": "NEEDS RESET",
+    "reboot": "NEEDS REBOOT",
+    "drain": "NEEDS DRAIN",
+    "replace": "NEEDS REPLACEMENT",
+}
 SEVERITY_OF = {
     "none": "ok",
     "watch": "warning",
@@ -92,6 +104,11 @@ class HealthReport:
     def failing(self, fail_on: str) -> list[Finding]:
         return [f for f in self.findings if rank(f.action) >= rank(fail_on)]
 
+    def verdict(self, fail_on: str) -> str:
+        """The verdict line: the word of the worst action, naming its finding, and whether the
+        run fails (``--fail-on``); a loosened --fail-on never turns a sick node HEALTHY."""
+        return verdict_line(self.findings, fail_on)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": "gpuenv.health",
@@ -105,3 +122,31 @@ class HealthReport:
             "findings": [f.to_dict() for f in self.findings],
             "skipped": self.skipped,
         }
+
+
+def describe(finding: Finding) -> str:
+    where = f"GPU {finding.gpu}" if finding.gpu is not None else "node"
+    subject = f" {finding.subject}" if finding.subject else ""
+    return f"{finding.signal}{subject} on {where}: {finding.evidence}"
+
+
+def verdict_line(findings: list[Finding], fail_on: str) -> str:
+    """``NEEDS REBOOT: xid 79 on GPU 3: … (2 findings; exit 1: fails on reset and above)``."""
+    worst = max((f.action for f in findings), key=rank, default="none")
+    word = VERDICT_WORDS[worst]
+    failing = [f for f in findings if rank(f.action) >= rank(fail_on)]
+    if worst == "none":
+        return f"{word} (no finding; fails on {fail_on} and above)"
+    top = max(findings, key=lambda f: rank(f.action))
+    acted = sum(1 for f in findings if f.action != "none")
+    count = f"{acted} finding{'s' if acted != 1 else ''} above none"
+    if failing:
+        tail = f"{count}; exit 1: fails on {fail_on} and above"
+    elif rank(worst) >= rank(MUST_NOT_RUN_JOBS):
+        tail = (
+            f"{count}; exit 0 only because --fail-on {fail_on} accepts {worst}: this node must"
+            " not take the next job"
+        )
+    else:
+        tail = f"{count}; fails on {fail_on} and above"
+    return f"{word}: {describe(top)} ({tail})"

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuenv.cluster.fanout import NodeAnswer, fan_out
 from gpuenv.cluster.inventory import Host
-from gpuenv.health.findings import ACTIONS, rank
+from gpuenv.health.findings import ACTIONS, MUST_NOT_RUN_JOBS, VERDICT_WORDS, rank
 from gpuenv.progress import Progress
 from gpuenv.results import Result, Status
 
@@ -28,7 +28,7 @@ DEADLINE_S = 60.0
 # The check name of a node's health in a run report (`gpuenv cluster`'s health stage too).
 CHECK = "health"
 # `gpuenv cluster`'s line: a GPU that needs a reset (or more) is sick for a launch.
-CLUSTER_FAIL_ON = "reset"
+CLUSTER_FAIL_ON = MUST_NOT_RUN_JOBS
 
 
 @dataclass
@@ -63,6 +63,26 @@ class FleetHealth:
 
     def failing(self, fail_on: str) -> bool:
         return bool(self.errors) or any(rank(self.worst(n)) >= rank(fail_on) for n in self.reports)
+
+    def verdict(self, fail_on: str) -> str:
+        """HEALTHY only when every node answered and none needs more than watching; otherwise
+        the nodes by what they need (the worst action's word), whatever --fail-on says."""
+        needs: dict[str, list[str]] = {}
+        for node in self.reports:
+            worst = self.worst(node)
+            if rank(worst) >= rank(MUST_NOT_RUN_JOBS):
+                needs.setdefault(VERDICT_WORDS[worst], []).append(node)
+        if not needs and not self.errors:
+            return f"HEALTHY: {len(self.nodes)} node(s) (fails on {fail_on} and above)"
+        parts = [f"{word}: {', '.join(sorted(nodes))}" for word, nodes in sorted(needs.items())]
+        if self.errors:
+            parts.append(f"NO REPORT: {', '.join(sorted(self.errors))}")
+        exit_word = (
+            f"exit 1: fails on {fail_on} and above"
+            if self.failing(fail_on)
+            else f"exit 0 only because --fail-on {fail_on} accepts it"
+        )
+        return f"NOT HEALTHY: {'; '.join(parts)} ({exit_word})"
 
     def to_dict(self, fail_on: str) -> dict[str, Any]:
         return {

@@ -10,9 +10,10 @@ import re
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from gpuenv.health.findings import HealthReport, rank
+from gpuenv.health.findings import MUST_NOT_RUN_JOBS, HealthReport, rank
 
 if TYPE_CHECKING:
     from gpuenv.health.fleet import FleetHealth
@@ -44,7 +45,6 @@ def console(
         out.print(table)
     signals = len({f.signal for f in report.findings})
     worst = report.worst
-    failing = report.failing(fail_on)
     out.print(
         f"{len(report.gpus)} GPUs, {signals} signals, {len(report.findings)} findings read in"
         f" {report.scan_s:.2f} s (kernel log: {report.kernel_log or 'unreadable'});"
@@ -52,8 +52,8 @@ def console(
     )
     for skip in report.skipped:
         out.print(f"[yellow]SKIP[/] {skip['signal']}: {skip['reason']}")
-    verdict = "[bold red]NOT HEALTHY[/]" if failing else "[bold green]HEALTHY[/]"
-    out.print(f"{verdict} (fails on {fail_on} and above: {len(failing)} findings)")
+    style = "bold green" if rank(worst) < rank(MUST_NOT_RUN_JOBS) else "bold red"
+    out.print(f"[{style}]{escape(report.verdict(fail_on))}[/]", soft_wrap=True)
 
 
 def to_json(report: HealthReport) -> str:
@@ -179,12 +179,9 @@ def fleet_console(
     out.print(table)
     for node, why in sorted(fleet.errors.items()):
         out.print(f"[bold red]{node}: no report[/]: {why}")
-    failing = [n for n in fleet.reports if rank(fleet.worst(n)) >= rank(fail_on)]
-    verdict = "[bold red]NOT HEALTHY[/]" if fleet.failing(fail_on) else "[bold green]HEALTHY[/]"
-    out.print(
-        f"{verdict}: {len(failing)} node(s) at {fail_on} or above, {len(fleet.errors)} without a"
-        f" report, of {len(fleet.nodes)}"
-    )
+    line = fleet.verdict(fail_on)
+    style = "bold green" if line.startswith("HEALTHY") else "bold red"
+    out.print(f"[{style}]{escape(line)}[/]", soft_wrap=True)
 
 
 def fleet_json(fleet: FleetHealth, fail_on: str) -> str:
@@ -240,5 +237,5 @@ def fleet_html(fleet: FleetHealth, fail_on: str) -> str:
         reports=fleet.reports,
         errors=fleet.errors,
         fail_on=fail_on,
-        verdict="NOT HEALTHY" if fleet.failing(fail_on) else "HEALTHY",
+        verdict=fleet.verdict(fail_on),
     )

@@ -90,10 +90,9 @@ def write_inventory(path, nodes, fault_node=None):
             "--kernel-log",
             f"{FAULT_DIR}/kernel.log",
         ]
-        # Xid 79's action is reboot (the catalogue's RESTART_BM), below the default drain line.
-        data["all"]["hosts"] = {
-            fault_node: {"slurm_health_extra_args": args, "slurm_health_fail_on": "reboot"}
-        }
+        # Xid 79's action is reboot (the catalogue's RESTART_BM): the default fail-on (reset)
+        # drains it, as a node that needs a reboot must not take the next job.
+        data["all"]["hosts"] = {fault_node: {"slurm_health_extra_args": args}}
     path.write_text(yaml.safe_dump(data))
 
 

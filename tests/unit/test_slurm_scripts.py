@@ -14,7 +14,7 @@ VARS = {
     "ansible_managed": "managed",
     "slurm_gpuenv": "/opt/gpuenv/bin/gpuenv",
     "slurm_health_timeout_s": 120,
-    "slurm_health_fail_on": "drain",
+    "slurm_health_fail_on": "reset",
     "slurm_prolog_timeout_s": 60,
     "slurm_prolog_cache_s": 300,
     "__slurm_verdict_cache": "/run/gpuenv/health-verdict.json",
