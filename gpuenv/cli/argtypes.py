@@ -119,6 +119,13 @@ def _gpu_of(item: str, uuids: dict[str, str] | None) -> str:
     return matches[0] if len(matches) == 1 else key
 
 
+def _same_uuid(a: str, b: str) -> bool:
+    """Whether two UUID entries (``GPU-…``, either a prefix of the other) name the same GPU."""
+    if a.isdigit() or b.isdigit() or not a.startswith("gpu-") or not b.startswith("gpu-"):
+        return False
+    return a.startswith(b) or b.startswith(a)
+
+
 def visible_devices(
     spec: str | None,
     uuids: Callable[[], dict[str, str] | None] = nvidia_smi_uuids,
@@ -137,6 +144,8 @@ def visible_devices(
     twice: list[str] = []
     for item in items:
         key = _gpu_of(item, table)
+        # A UUID and a prefix of it (CUDA takes any unique prefix) name one GPU, table or not.
+        key = next((k for k in seen if not k.isdigit() and _same_uuid(k, key)), key)
         if key not in seen:
             seen[key] = item
             continue

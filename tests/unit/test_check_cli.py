@@ -344,6 +344,24 @@ def test_a_gpu_named_by_index_and_by_uuid_is_bad_input(no_run, monkeypatch, caps
     assert asked == [["nvidia-smi", "-L"]]
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "GPU-1d5e2a7c-40b1-4c3e-9e6f-000000000002,GPU-1d5e2a7c",
+        "GPU-1d5e2a7c,GPU-1D5E2A7C-40b1-4c3e-9e6f-000000000002",
+    ],
+)
+def test_one_gpu_by_its_uuid_and_by_a_prefix_is_bad_input(monkeypatch, spec):
+    import gpuenv.cli.argtypes as argtypes
+    from gpuenv.errors import BadInput
+
+    monkeypatch.setattr(argtypes, "_run_text", lambda argv: None)  # no nvidia-smi to ask
+    with pytest.raises(BadInput, match="name the same GPU"):
+        argtypes.visible_devices(spec)
+    # Two different GPUs by UUID prefixes are fine.
+    argtypes.visible_devices("GPU-1d5e2a7c,GPU-2a7c1d5e")
+
+
 def test_plain_indices_never_ask_nvidia_smi(monkeypatch):
     import gpuenv.cli.argtypes as argtypes
 
