@@ -9,6 +9,7 @@ If it picks nothing, or an interface other than the one the other nodes reach th
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from gpuenv.doctor.envvars import effective, global_settings
 from gpuenv.doctor.findings import ClassReading, Finding, skipped
@@ -48,23 +49,66 @@ def _resolve(system: System, address: str) -> str | None:
     return words[0] if words else None
 
 
+def _interfaces(system: System) -> tuple[list[tuple[str, str]], str, str]:
+    """(interface, address) pairs, where they were read, and why none could be ("" when read)."""
+    out = system.run("ip-o-addr", ["ip", "-o", "addr", "show"])
+    if out.ok:
+        return addresses(out.stdout), "ip -o addr show", ""
+    # No iproute2 (a minimal image, a GPU container): the kernel's own tables say the same.
+    source = "/proc/net/fib_trie, /proc/net/if_inet6"
+    pairs = net.addresses(str(system.root))
+    why = "" if pairs else out.why("ip -o addr show (iproute2)") + f"; nothing in {source}"
+    return pairs, source, why
+
+
+def _selects_nothing(setting: Any, ifaces: list[str], source: str) -> Finding:
+    return Finding(
+        8,
+        f"NCCL_SOCKET_IFNAME={setting.value} selects no interface of this node",
+        "NCCL finds no interface to bootstrap over: every multi-node job fails at its start",
+        (
+            f"{setting.where()}: NCCL_SOCKET_IFNAME={setting.value}",
+            f"{source}: {', '.join(ifaces) or 'no interface'}",
+        ),
+        (
+            f"set NCCL_SOCKET_IFNAME to the cluster interface (one of {', '.join(ifaces)}) in"
+            f" {setting.source}"
+            if setting.line
+            else "set NCCL_SOCKET_IFNAME to the cluster interface where the job's environment"
+            " sets it, or unset it",
+        ),
+    )
+
+
 def socket_ifname(system: System, address: str | None) -> ClassReading:
+    setting = effective(global_settings(system), "NCCL_SOCKET_IFNAME")
     if not address:
-        return skipped(8, "no inventory address: pass --address ADDR, or run with -i")
+        # Without the inventory's address the holder is unknown, but a setting that selects no
+        # interface at all is wrong on any node.
+        if setting is None:
+            return skipped(8, "no inventory address: pass --address ADDR, or run with -i")
+        pairs, source, why = _interfaces(system)
+        ifaces = sorted({i for i, _ in pairs})
+        if why:
+            return skipped(8, why)
+        reading = ClassReading(8, facts={"address": None, "nccl_socket_ifname": setting.value})
+        if not any(selects(setting.value, i) for i in ifaces):
+            reading.findings.append(_selects_nothing(setting, ifaces, source))
+            return reading
+        return skipped(
+            8,
+            f"no inventory address: NCCL_SOCKET_IFNAME={setting.value} selects an interface, but"
+            " whether it is the one the other nodes reach needs it: pass --address ADDR, or run"
+            " with -i",
+        )
     ip = _resolve(system, address)
     if ip is None:
         return skipped(8, f"inventory address {address!r} does not resolve on this node")
-    out = system.run("ip-o-addr", ["ip", "-o", "addr", "show"])
-    source = "ip -o addr show"
-    pairs = addresses(out.stdout) if out.ok else []
-    if not out.ok:
-        # No iproute2 (a minimal image, a GPU container): the kernel's own tables say the same.
-        pairs, source = net.addresses(str(system.root)), "/proc/net/fib_trie, /proc/net/if_inet6"
-        if not pairs:
-            return skipped(8, out.why("ip -o addr show (iproute2)") + f"; nothing in {source}")
+    pairs, source, why = _interfaces(system)
+    if why:
+        return skipped(8, why)
     ifaces = sorted({i for i, _ in pairs})
     holder = next((i for i, a in pairs if a == ip), None)
-    setting = effective(global_settings(system), "NCCL_SOCKET_IFNAME")
     facts = {
         "address": ip,
         "interface": holder,

@@ -193,6 +193,15 @@ def test_no_address_skips_class_8(tmp_path):
     assert "no inventory address" in diagnose(node(tmp_path), address=None)[8].skip
 
 
+def test_a_socket_ifname_that_selects_nothing_is_named_without_an_address(tmp_path):
+    root = node(tmp_path)
+    (root / "etc/nccl.conf").write_text("NCCL_SOCKET_IFNAME=nosuch\n")
+    reading = diagnose(root, address=None)[8]
+    (f,) = reading.findings
+    assert "NCCL_SOCKET_IFNAME=nosuch selects no interface of this node" in f.title
+    assert any("/etc/nccl.conf" in e for e in f.evidence)
+
+
 def test_address_on_no_interface_is_named(tmp_path):
     f = diagnose(node(tmp_path), address="10.9.9.9")[8].findings
     assert len(f) == 1 and "10.9.9.9 is on no interface" in f[0].title
