@@ -105,6 +105,24 @@ def gpu_proof(
     )
 
 
+# The start of a node verdict's problem naming the checks it left to gpuenv cluster's launches.
+LEFT_TO_CLUSTER = "left to gpuenv cluster's launches: "
+
+
+def _stands_for(report: ClusterReport, node: str, problem: str) -> bool:
+    """Whether the cluster's own results stand for every check ``problem`` says ``node`` left
+    to them (each named in a result's details.node_checks_left_here, and not skipped)."""
+    left = problem[len(LEFT_TO_CLUSTER) :].split(" (--left-to-cluster)")[0].split(", ")
+    covering = {
+        r.check
+        for r in report.results
+        if r.node == CLUSTER_NODE
+        and node in r.details.get("node_checks_left_here", [])
+        and r.status is not Status.SKIP
+    }
+    return all(check in covering for check in left)
+
+
 def assess(
     thresholds: Mapping[str, Any],
     profile: str,
@@ -145,6 +163,13 @@ def assess(
                 problems.append(skipped(name, result))
     if not any(r.status is Status.PASS for r in results) and not left_to_cluster:
         problems.append("nothing was verified: no check passed")
+    if left_to_cluster:
+        # Alone, the node run has not verified them: gpuenv cluster's verdict drops this problem
+        # where its own results stand for them (assess_cluster).
+        problems.append(
+            f"{LEFT_TO_CLUSTER}{', '.join(left_to_cluster)} (--left-to-cluster): this run did not"
+            " verify them; only a gpuenv cluster report whose launches ran them makes it OK"
+        )
     unverified = (
         gpu_proof(node, results, registry, gpu_subset) if node.gpus or gpu_node else "no GPU"
     )
@@ -224,8 +249,13 @@ def assess_cluster(
         if r.status.failed
     ]
     for node, run in report.node_reports.items():
-        problems += [f"{node}: {p}" for p in run.verdict.problems if " FAIL: " not in p
-                     and " ERROR: " not in p]  # fmt: skip
+        problems += [
+            f"{node}: {p}"
+            for p in run.verdict.problems
+            if " FAIL: " not in p
+            and " ERROR: " not in p
+            and not (p.startswith(LEFT_TO_CLUSTER) and _stands_for(report, node, p))
+        ]
     one_node = len(report.hosts) == 1
     for result in report.results:
         if (

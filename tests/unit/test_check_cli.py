@@ -477,10 +477,15 @@ def test_checks_left_to_the_cluster_are_not_run_nor_required(monkeypatch, capsys
     monkeypatch.setattr(gpuenv.checks.session, "run_checks", fake)
     out = tmp_path / "r.json"
     argv = ["check", "--profile", "cpu", "--left-to-cluster", "ddp,mpi", "--json", str(out)]
-    assert main(argv) == 0
+    # By hand, no cluster result stands for them in this report: not OK (issue 32, item 10).
+    assert main(argv) == 1
     assert "ddp" not in ran and "mpi" not in ran and "system" in ran
     verdict = json.loads(out.read_text())["verdict"]
-    assert verdict["ok"] is True and verdict["left_to_cluster"] == ["mpi", "ddp"]
+    assert verdict["ok"] is False and verdict["left_to_cluster"] == ["mpi", "ddp"]
+    assert verdict["problems"] == [
+        "left to gpuenv cluster's launches: mpi, ddp (--left-to-cluster): this run did not verify"
+        " them; only a gpuenv cluster report whose launches ran them makes it OK"
+    ]
     assert "mpi, ddp left to gpuenv cluster's launches" in " ".join(capsys.readouterr().out.split())
 
 
@@ -495,7 +500,10 @@ def test_a_cpu_node_whose_passing_checks_were_left_to_the_cluster_is_not_nothing
     assert main(["check", "--profile", "cpu", "--json", str(out), "--only", "system"]) == 1
     assert "nothing was verified" in json.dumps(json.loads(out.read_text())["verdict"])
     argv = ["check", "--profile", "cpu", "--left-to-cluster", "ddp,mpi", "--json", str(out)]
-    assert main(argv) == 0
+    assert main(argv) == 1
+    problems = json.loads(out.read_text())["verdict"]["problems"]
+    assert not any("nothing was verified" in p for p in problems)
+    assert problems[0].startswith("left to gpuenv cluster's launches: mpi, ddp")
 
 
 @pytest.mark.parametrize(

@@ -101,3 +101,41 @@ def test_a_required_check_whose_stage_could_not_run_is_not_taken_for_one_left_ou
     ), report.verdict.problems
     left_out = _judge(["node1", "node2"], stages=("consistency", "rendezvous", "mpi"))
     assert left_out.verdict.ok, left_out.verdict.problems
+
+
+def _left_node(name, left):
+    """A node run that left ``left`` to the cluster's launches (gpuenv check --left-to-cluster)."""
+    from gpuenv.checks.profiles import LEFT_TO_CLUSTER
+
+    problem = (
+        f"{LEFT_TO_CLUSTER}{', '.join(left)} (--left-to-cluster): this run did not verify them"
+    )
+    verdict = RunVerdict(
+        ok=False, profile="cpu", node_kind="cpu", problems=[problem], left_to_cluster=list(left)
+    )
+    results = [Result("system", name, Status.PASS, "ok")]
+    return RunReport(node=name, profile="cpu", verdict=verdict, results=results)
+
+
+def test_a_node_run_that_left_checks_is_ok_only_beside_the_results_that_stand_for_them():
+    from gpuenv.results import CLUSTER_NODE
+
+    report = _judge(["node1", "node2"])
+    assert report.verdict.ok, report.verdict.problems
+    for host in ("node1", "node2"):
+        report.node_reports[host] = _left_node(host, ["ddp", "mpi"])
+    cluster = {r.check: r for r in report.results if r.node == CLUSTER_NODE}
+    # The cluster's ddp and mpi name both nodes: they stand for the nodes' checks.
+    for check in ("ddp", "mpi"):
+        cluster[check].details["node_checks_left_here"] = ["node1", "node2"]
+    verdict = assess_cluster(load_thresholds(), "cpu", report)
+    assert verdict.ok, verdict.problems
+    # The cluster's mpi stands for node1 only: node2's mpi stands nowhere.
+    cluster["mpi"].details["node_checks_left_here"] = ["node1"]
+    verdict = assess_cluster(load_thresholds(), "cpu", report)
+    assert not verdict.ok
+    assert [p for p in verdict.problems if p.startswith("node2: left to gpuenv cluster")]
+    # A skipped covering result stands for nothing.
+    cluster["mpi"].details["node_checks_left_here"] = ["node1", "node2"]
+    cluster["mpi"].status, cluster["mpi"].reason = Status.SKIP, "mpirun not found"
+    assert not assess_cluster(load_thresholds(), "cpu", report).ok
