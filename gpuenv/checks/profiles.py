@@ -11,6 +11,7 @@ excused SKIP says so.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gpuenv.checks.base import NOT_JUDGED, Check, NodeInfo, Placement
@@ -249,12 +250,19 @@ def assess_cluster(
         if r.status.failed
     ]
     for node, run in report.node_reports.items():
+        # In this report the cluster's results stand for what the node left to them: the node's
+        # verdict here (node_verdicts) is the node run's, that problem settled.
+        settled = [
+            p for p in run.verdict.problems
+            if p.startswith(LEFT_TO_CLUSTER) and _stands_for(report, node, p)
+        ]  # fmt: skip
+        if settled:
+            rest = [p for p in run.verdict.problems if p not in settled]
+            run.verdict = replace(run.verdict, ok=not rest, problems=rest)
         problems += [
             f"{node}: {p}"
             for p in run.verdict.problems
-            if " FAIL: " not in p
-            and " ERROR: " not in p
-            and not (p.startswith(LEFT_TO_CLUSTER) and _stands_for(report, node, p))
+            if " FAIL: " not in p and " ERROR: " not in p
         ]
     one_node = len(report.hosts) == 1
     for result in report.results:

@@ -130,12 +130,19 @@ def test_a_node_run_that_left_checks_is_ok_only_beside_the_results_that_stand_fo
         cluster[check].details["node_checks_left_here"] = ["node1", "node2"]
     verdict = assess_cluster(load_thresholds(), "cpu", report)
     assert verdict.ok, verdict.problems
+    # In the cluster's report, each node's verdict has that problem settled.
+    assert all(report.node_reports[h].verdict.ok for h in ("node1", "node2"))
     # The cluster's mpi stands for node1 only: node2's mpi stands nowhere.
+    for host in ("node1", "node2"):
+        report.node_reports[host] = _left_node(host, ["ddp", "mpi"])
     cluster["mpi"].details["node_checks_left_here"] = ["node1"]
     verdict = assess_cluster(load_thresholds(), "cpu", report)
     assert not verdict.ok
     assert [p for p in verdict.problems if p.startswith("node2: left to gpuenv cluster")]
+    assert report.node_reports["node1"].verdict.ok and not report.node_reports["node2"].verdict.ok
     # A skipped covering result stands for nothing.
+    for host in ("node1", "node2"):
+        report.node_reports[host] = _left_node(host, ["ddp", "mpi"])
     cluster["mpi"].details["node_checks_left_here"] = ["node1", "node2"]
     cluster["mpi"].status, cluster["mpi"].reason = Status.SKIP, "mpirun not found"
     assert not assess_cluster(load_thresholds(), "cpu", report).ok
