@@ -54,6 +54,15 @@ def register(subparsers: Any) -> None:
         "variables and never written to user data",
     )
     p.add_argument(
+        "--allow-secret",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="let one group variable through that looks like a secret but is none, by its path "
+        "as the error names it (gpu_env_extra_env.NAME, a_list[0]); repeatable. Private key "
+        "material is never let through; a PATH that names no variable is exit 2",
+    )
+    p.add_argument(
         "--playbook",
         default="site.yml",
         help="playbook in the fetched project, relative to its root (default: %(default)s)",
@@ -89,6 +98,7 @@ def handler(args: argparse.Namespace) -> int:
             sha256=args.sha256,
             secrets_command=args.secrets_command,
             ca_bundle=args.ca_bundle,
+            allow_secrets=tuple(args.allow_secret),
         )
     )
     if args.output == "-":

@@ -6,7 +6,7 @@ download sources, and renders ``templates/user-data.yaml.j2``: the group's varia
 node's ``group_vars``, a pip.conf, the settings file and ``templates/bootstrap.sh``, which
 cloud-init's runcmd starts. Everything in user data can be read back from the instance's
 metadata service, so nothing secret goes in: connection settings (``ansible_*``) are dropped,
-and private key material, vault-encrypted values and variables named like secrets are refused.
+and a variable named like a secret or whose value gives one away is refused (``secrets``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import yaml
 from gpuenv import proc
 from gpuenv.checks.profiles import profile_names
 from gpuenv.checks.thresholds import load_thresholds
+from gpuenv.cloud import secrets
+from gpuenv.cloud.secrets import mask_url
 from gpuenv.cluster import inventory
 from gpuenv.errors import BadInput
 from gpuenv.floor import sources as src
@@ -51,17 +53,6 @@ USER_DATA_LIMIT = 16384
 
 _GROUP_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REF_RE = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._/+-]*$")
-_PRIVATE_KEY_RE = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User-Key-File-")
-# Names of variables (at any depth: gpu_env_extra_env.HF_TOKEN) that hold a secret by convention.
-_SECRET_NAME_RE = re.compile(
-    r"password|passwd|passphrase|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|"
-    r"credential",
-    re.IGNORECASE,
-)
-# A URL's userinfo: `user:password@` or a bare `token@` (how git hosts and indexes take tokens).
-_URL_CREDENTIALS_RE = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/\s:@]+)(?::(?P<password>[^/\s@]*))?@"
-)
 _COMMIT_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _TARBALL_SUFFIXES = (".tar.gz", ".tgz", ".tar")
@@ -84,6 +75,8 @@ class Request:
     sha256: str = ""  # a tarball's SHA-256, checked on the node before anything runs
     secrets_command: str = ""  # run on the node at boot; its output is the secrets file
     ca_bundle: str = ""  # a controller PEM file: the CAs the node trusts for fetching the source
+    # Variable paths (gpu_env_extra_env.NAME) let through although they look like secrets.
+    allow_secrets: tuple[str, ...] = ()
     ansible: str = ANSIBLE_REQUIREMENT
     ansible_py310: str = ANSIBLE_PY310_REQUIREMENT
 
@@ -105,18 +98,6 @@ def check_ref(ref: str) -> str:
     return ref
 
 
-def mask_url(text: str) -> str:
-    """``text`` with each URL's secret replaced by ``***`` and nothing else touched:
-    ``https://u:***@example.com/simple``, and ``https://***@github.com/o/r`` for a bare token."""
-
-    def masked(found: re.Match[str]) -> str:
-        if found["password"] is not None:
-            return f"{found['scheme']}{found['user']}:***@"
-        return f"{found['scheme']}***@"
-
-    return _URL_CREDENTIALS_RE.sub(masked, text)
-
-
 def is_tarball(url: str) -> bool:
     return urlsplit(url).path.endswith(_TARBALL_SUFFIXES)
 
@@ -129,7 +110,7 @@ def check_source(url: str) -> str:
             f"--source {url!r} is an SSH URL: the instance would need a private key, and user "
             "data must hold none; use an https:// git URL or a tarball URL"
         )
-    if _URL_CREDENTIALS_RE.search(url):
+    if secrets.URL_CREDENTIALS_RE.search(url) or secrets.query_credentials(url):
         raise BadInput(
             f"--source {mask_url(url)} carries credentials; user data is readable from the "
             "instance's metadata service"
@@ -260,46 +241,26 @@ def group_vars(data: Mapping[str, Any], groups: list[str], group: str, where: st
     return merged
 
 
-_KEEP_OUT = (
-    "user data is readable from the instance's metadata service; pass secrets in a secrets "
-    "file on the instance (--secrets-command, docs/cloud.md)"
-)
-
-
-def _refuse_secrets(name: str, value: Any) -> None:
-    """Refuse a secret anywhere in ``value``, naming its path (``gpu_env_extra_env.HF_TOKEN``)."""
-    if _SECRET_NAME_RE.search(name.rpartition(".")[2]) and value not in (None, "", [], {}):
-        raise BadInput(f"variable {name} looks like a secret: {_KEEP_OUT}")
-    if isinstance(value, Mapping):
-        if "__ansible_vault" in value:
-            raise BadInput(f"variable {name} is vault-encrypted: {_KEEP_OUT}")
-        for key, item in value.items():
-            _refuse_secrets(f"{name}.{key}", item)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _refuse_secrets(f"{name}[{i}]", item)
-    elif isinstance(value, str):
-        if _PRIVATE_KEY_RE.search(value):
-            raise BadInput(
-                f"variable {name} holds private key material; user data never carries a private "
-                "key (the node joins the SSH mesh on the next site.yml run from the controller)"
-            )
-        if _URL_CREDENTIALS_RE.search(value):
-            raise BadInput(
-                f"variable {name} has credentials in a URL ({mask_url(value)}): {_KEEP_OUT}"
-            )
-
-
-def node_variables(variables: Mapping[str, Any]) -> dict[str, Any]:
+def node_variables(
+    variables: Mapping[str, Any], allow_secrets: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], list[str]]:
     """The node's group_vars: the group's own values, the gpuenv_* sources among them (the roles
-    read those themselves, as in push mode), minus controller settings and anything secret."""
-    out: dict[str, Any] = {}
-    for name, value in variables.items():
-        if name.startswith("ansible_") or name in _DROPPED:
-            continue
-        _refuse_secrets(name, value)
-        out[name] = value
-    return out
+    read those themselves, as in push mode), minus controller settings; BadInput for anything
+    secret but the paths ``allow_secrets`` names. With a note for each path let through."""
+    out = {
+        name: value
+        for name, value in variables.items()
+        if not name.startswith("ansible_") and name not in _DROPPED
+    }
+    allowed = secrets.refuse(out, allow_secrets)
+    unused = [path for path in allow_secrets if path not in allowed]
+    notes = [
+        f"--allow-secret {path}: written to user data as set, where anyone who can read the "
+        "instance's metadata can read it"
+        for path in allowed
+    ]
+    notes += [f"--allow-secret {path}: nothing there looks like a secret" for path in unused]
+    return out, notes
 
 
 def ca_certificates(path: str, what: str = "gpuenv_ca_bundle") -> list[str]:
@@ -311,7 +272,7 @@ def ca_certificates(path: str, what: str = "gpuenv_ca_bundle") -> list[str]:
     if not file.is_file():
         raise BadInput(f"{what} {path} does not exist on this controller")
     text = file.read_text(errors="replace")
-    if _PRIVATE_KEY_RE.search(text):
+    if secrets.PRIVATE_KEY_RE.search(text):
         raise BadInput(
             f"{what} {path} holds a private key; give CA certificates only (user data is "
             "readable from the instance's metadata service)"
@@ -420,10 +381,11 @@ def render(req: Request) -> UserData:
     source_certs = ca_certificates(req.ca_bundle, "--ca-bundle")
     data, groups = inventory.export(req.inventory)
     variables = group_vars(data, groups, req.group, req.inventory)
-    node_vars = node_variables(variables)  # refuses secrets before anything else reads them
+    # Secrets are refused before anything else reads the variables.
+    node_vars, allow_notes = node_variables(variables, req.allow_secrets)
     sources, warnings = resolve_sources(variables)
     certs = ca_certificates(sources.ca_bundle)
-    notes = [*warnings, *sources.notes]
+    notes = [*allow_notes, *warnings, *sources.notes]
     if is_tarball(req.source):
         commit = ""
         if not sha256:
@@ -466,7 +428,7 @@ def render(req: Request) -> UserData:
         group_vars=(header + yaml.safe_dump(node_vars, sort_keys=True)).rstrip("\n"),
         script=script.rstrip("\n"),
     )
-    if _PRIVATE_KEY_RE.search(text):  # the last guard: nothing above may let one through
+    if secrets.PRIVATE_KEY_RE.search(text):  # the last guard: nothing above may let one through
         raise BadInput("the rendered user data would hold a private key; refusing")
     size = len(text.encode())
     if size > USER_DATA_LIMIT:
