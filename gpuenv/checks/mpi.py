@@ -272,20 +272,20 @@ def _collectives(
     errors = []
     truth = np.arange(n, dtype=np.float32)
 
-    rank.mark(f"Bcast ({path})")
+    rank.mark("bcast")
     data = xp.arange(n, dtype=xp.float32) if index == 0 else xp.empty(n, dtype=xp.float32)
     call(lambda d: comm.Bcast(d, root=0), data)
     if not np.array_equal(host(data), truth):
         errors.append("Bcast: values differ from the root's")
 
-    rank.mark(f"Gather ({path})")
+    rank.mark("gather")
     local = xp.square(data[index * k : (index + 1) * k])  # the same length on every rank
     recv = xp.empty((size, k), dtype=xp.float32) if index == 0 else None
     call(lambda s, r: comm.Gather(s, r, root=0), local, recv)
     if index == 0 and not np.array_equal(host(recv).reshape(-1), np.square(truth)):
         errors.append("Gather: root received wrong values")
 
-    rank.mark(f"Send/Recv ({path})")
+    rank.mark("sendrecv")
     out = xp.full(k, index, dtype=xp.float32)
     back = xp.empty(k, dtype=xp.float32)
     right, left = (index + 1) % size, (index - 1) % size
@@ -299,7 +299,7 @@ def _collectives(
     if not bool(np.all(host(back) == left)):
         errors.append(f"Send/Recv: wrong values from rank {left}")
 
-    rank.mark(f"Allreduce ({path})")
+    rank.mark("allreduce")
     send = xp.full(n, index + 1, dtype=xp.float32)
     total = xp.empty_like(send)
     comm.Barrier()
@@ -313,7 +313,7 @@ def _collectives(
     staged_s = None
     if gpu and path != "host-staging":
         # Host staging as a measurement of its own beside the device path, never its pass.
-        rank.mark("Allreduce (host-staging measurement)")
+        rank.mark("allreduce-staged")
         again = xp.empty_like(send)
         comm.Barrier()
         t = time.perf_counter()
