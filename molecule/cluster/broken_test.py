@@ -117,11 +117,16 @@ def main() -> int:
           f"the cluster mpirun names {nodes[1]}'s rank and its import error, and stands for"
           " the nodes' mpi checks", mpi)  # fmt: skip
 
+    # Its own checks all hold; what it left to the cluster's torch stage stands nowhere (the
+    # set has no torch: that stage SKIPs), so its verdict names only that, never a failure.
     healthy = verdicts[nodes[0]]
-    check(results[(nodes[0], "reach")]["status"] == "PASS" and healthy["ok"] is True
+    check(results[(nodes[0], "reach")]["status"] == "PASS"
           and not [r for r in report["results"] if r["node"] == nodes[0]
-                   and r["status"] in ("FAIL", "ERROR")],
-          f"{nodes[0]} (healthy) ran its own checks and none failed", healthy)  # fmt: skip
+                   and r["status"] in ("FAIL", "ERROR")]
+          and healthy["problems"]
+          and all(p.startswith("left to gpuenv cluster's launches: ") for p in healthy["problems"]),
+          f"{nodes[0]} (healthy) ran its own checks and none failed; only the checks it left to"
+          " a cluster stage that could not run are unverified", healthy)  # fmt: skip
     check(wall < DEADLINE_S, f"the whole run took {wall:.1f}s")
     return 0
 
