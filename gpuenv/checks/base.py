@@ -200,6 +200,9 @@ def rank_problems(
 
 # details key of a check that ran and measured, with nothing to judge a measurement by.
 NOT_JUDGED = "not_judged"
+# details key of a result that passed on something the user accepted and users' code will meet
+# (the run verdict's caveats, gpuenv.checks.profiles).
+CAVEAT = "caveat"
 
 
 def verdict(

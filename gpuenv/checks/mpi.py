@@ -27,6 +27,7 @@ from typing import Any
 from gpuenv import proc
 from gpuenv.checks import ranklog
 from gpuenv.checks.base import (
+    CAVEAT,
     Context,
     NodeInfo,
     Placement,
@@ -52,8 +53,6 @@ needed = always_needed
 MIN_RANKS = 2  # one rank agreeing with itself proves nothing
 # The transfer child inherits none of mpirun's wiring: it is a singleton of its own.
 LAUNCH_ENV = re.compile(r"^(OMPI_|PMIX_|PRTE_|PMI_)")
-# details key: what a result accepted that users will meet (the run verdict's caveats).
-CAVEAT = "caveat"
 
 
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:
@@ -146,14 +145,15 @@ def device_transfer(build: str) -> dict[str, Any]:
     if library is None:
         return {"cuda_aware": None, "evidence": "no libmpi mapped in this rank (not Open MPI?)"}
     env = {k: v for k, v in os.environ.items() if not LAUNCH_ENV.match(k)}
-    argv = [sys.executable, "-c", ompi.TRANSFER_PROGRAM, library]
+
+    def run(argv: list[str], timeout_s: float) -> tuple[int, str]:
+        done = proc.capture(argv, timeout_s, env=env)
+        return (124 if done.returncode is None else done.returncode), done.stdout
+
     try:
-        done = proc.capture(argv, ompi.TRANSFER_DEADLINE_S, env=env)
+        answer = ompi.transfer(run, sys.executable, library)
     except OSError as exc:
         return {"cuda_aware": None, "evidence": f"the transfer could not start: {exc}"}
-    rc = 124 if done.returncode is None else done.returncode
-    rc = 128 - rc if rc < 0 else rc  # a signal as a shell reports it
-    answer = ompi.judge_transfer(rc, done.stdout, library)
     return {**answer, "library": library, "build": build}
 
 

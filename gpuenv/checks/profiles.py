@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpuenv.checks.base import NOT_JUDGED, Check, NodeInfo, Placement
+from gpuenv.checks.base import CAVEAT, NOT_JUDGED, Check, NodeInfo, Placement
 from gpuenv.errors import BadInput
 from gpuenv.results import CLUSTER_NODE, ClusterReport, Result, RunVerdict, Status
 
@@ -187,9 +187,9 @@ def assess(
         gpus_note=node.subset or "",
         left_to_cluster=list(left_to_cluster),
         caveats=[
-            f"{r.check}: {r.details['caveat']}"
+            f"{r.check}: {r.details[CAVEAT]}"
             for r in results
-            if r.status is Status.PASS and r.details.get("caveat")
+            if r.status is Status.PASS and r.details.get(CAVEAT)
         ],
     )
 
