@@ -181,7 +181,7 @@ def pull_setup(node: str, inventory: Path, group: str, pins: dict[str, Any]) -> 
         node,
         f"[ -x {WORK}/venv/bin/ansible-playbook ] || {{ python3 -m venv {WORK}/venv && "
         f"{WORK}/venv/bin/pip install -q --find-links {WHEELHOUSE} --trusted-host apt-cache "
-        f"'{userdata.ANSIBLE_REQUIREMENT}' 'setuptools>=68' wheel; }}",
+        f"'{userdata.ANSIBLE_REQUIREMENT}' '{userdata.SETUPTOOLS_REQUIREMENT}' wheel; }}",
     )
 
 

@@ -38,6 +38,9 @@ from gpuenv.floor import sources as src
 # (Ubuntu 22.04) the last ansible whose core runs there (ansible-core 2.17).
 ANSIBLE_REQUIREMENT = "ansible==12.3.0"
 ANSIBLE_PY310_REQUIREMENT = "ansible==10.7.0"
+# The gpu_env role builds the gpuenv wheel with the node's venv, without build isolation: that venv
+# needs the setuptools pyproject.toml's [build-system] asks for (a test holds the two equal).
+SETUPTOOLS_REQUIREMENT = "setuptools>=77"
 DEFAULT_PLAYBOOK = "site.yml"
 # The pull run is one node alone: the mesh needs the controller (it holds the cluster key), and
 # the cluster validation needs every node.
@@ -324,6 +327,7 @@ def _env_file(
         "GPUENV_SKIP_TAGS": ",".join(SKIP_TAGS),
         "GPUENV_ANSIBLE": req.ansible,
         "GPUENV_ANSIBLE_PY310": req.ansible_py310,
+        "GPUENV_SETUPTOOLS": SETUPTOOLS_REQUIREMENT,
         "GPUENV_NODE_VENV": node_venv,
         "GPUENV_CHECK_PROFILE": profile,
         "GPUENV_HTTP_PROXY": sources.http_proxy,

@@ -8,9 +8,12 @@ import shlex
 import shutil
 import subprocess
 from importlib import resources
+from pathlib import Path
 
 import pytest
+import tomllib
 
+from gpuenv.cloud import userdata
 from gpuenv.floor import sources as floor
 
 SCRIPT = resources.files("gpuenv.cloud").joinpath("templates/bootstrap.sh")
@@ -36,7 +39,7 @@ def node(tmp_path):
     bin_dir = tmp_path / "bin"
     _fake(bin_dir / "apt-get", 'echo "apt-get $*" >>"$GPUENV_ROOT/apt.log"')
     venv = root / "opt" / "gpuenv-bootstrap" / "venv" / "bin"
-    _fake(venv / "python", "exit 0")
+    _fake(venv / "python", 'echo "python $*" >>"$GPUENV_ROOT/venv-python.log"')
     _fake(venv / "ansible-playbook", 'echo "ansible-playbook $*"; echo "PLAY RECAP"')
     _fake(root / "opt" / "gpuenv" / "bin" / "gpuenv", "echo '{}' >\"$5\"; exit 0")
     # The project at a real tag in a real repository.
@@ -60,6 +63,7 @@ def _env_file(root, repo, ref, **extra):
         "GPUENV_SKIP_TAGS": "ssh,validate",
         "GPUENV_ANSIBLE": "ansible==12.3.0",
         "GPUENV_ANSIBLE_PY310": "ansible==10.7.0",
+        "GPUENV_SETUPTOOLS": userdata.SETUPTOOLS_REQUIREMENT,
         "GPUENV_NODE_VENV": f"{root}/opt/gpuenv",
         "GPUENV_HTTP_PROXY": "",
         "GPUENV_HTTPS_PROXY": "",
@@ -318,3 +322,15 @@ def test_the_ca_bundle_is_given_to_git_for_the_fetch(node):
     assert fetches and all(
         f"-c http.sslCAInfo={root}/etc/gpuenv/source-ca.pem" in c for c in fetches
     )
+
+
+def test_the_venv_gets_the_setuptools_pyproject_builds_with(node):
+    """The gpu_env role builds gpuenv's wheel with the bootstrap venv and no build isolation: an
+    older setuptools than [build-system] asks for fails that build on the node."""
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert pyproject["build-system"]["requires"] == [userdata.SETUPTOOLS_REQUIREMENT]
+    root, bin_dir, repo = node
+    _env_file(root, repo, "v1")
+    _run(root, bin_dir)
+    installs = (root / "venv-python.log").read_text()
+    assert f"install --quiet ansible==12.3.0 {userdata.SETUPTOOLS_REQUIREMENT} wheel" in installs

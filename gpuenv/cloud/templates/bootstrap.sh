@@ -155,8 +155,9 @@ do_venv() {
   # ansible-core 2.18+ needs Python 3.11 on the controller; Ubuntu 22.04 has 3.10.
   python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || requirement=$GPUENV_ANSIBLE_PY310
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-  # setuptools: the gpu_env role builds the gpuenv wheel with this interpreter (no isolation).
-  "$venv/bin/python" -m pip install --quiet "$requirement" "setuptools>=68" wheel
+  # setuptools: the gpu_env role builds the gpuenv wheel with this interpreter (no isolation), so
+  # it needs what pyproject.toml's [build-system] requires.
+  "$venv/bin/python" -m pip install --quiet "$requirement" "$GPUENV_SETUPTOOLS" wheel
   "$venv/bin/ansible-playbook" --version
 }
 
