@@ -1,7 +1,8 @@
 """Where the controller's tools are: beside the interpreter gpuenv runs under, then ``PATH``.
 
-``pip install 'gpuenv[controller]'`` puts ``ansible-inventory``, ``ansible-playbook`` and the rest
-in the same ``bin/`` as the venv's ``python``; a user who runs ``/opt/venv/bin/gpuenv`` without
+Installing the controller extra (``pip install '.[controller]'`` from a checkout) puts
+``ansible-inventory``, ``ansible-playbook`` and the rest in the same ``bin/`` as the venv's
+``python``; a user who runs ``/opt/venv/bin/gpuenv`` without
 activating the venv has that folder off ``PATH``. The folder is taken as ``sys.executable`` names
 it, symbolic links left alone: a venv's ``python`` is a link to the system interpreter, whose
 folder holds none of the venv's tools.

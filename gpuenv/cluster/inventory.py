@@ -63,7 +63,8 @@ def _ansible_inventory(
     if exe is None:
         raise EnvironmentProblem(
             f"ansible-inventory not found in {tools.interpreter_bin()} nor on PATH: "
-            "install the controller extra (pip install 'gpuenv[controller]')"
+            "install gpuenv's controller extra from a checkout (pip install '.[controller]', "
+            "docs/install.md)"
         )
     sources = [inventory] if isinstance(inventory, str) else list(inventory)
     argv = [exe, *(w for src in sources for w in ("-i", src)), "--list"]

@@ -23,7 +23,8 @@ def connect() -> docker.DockerClient:
         from docker.errors import DockerException
     except ImportError:
         raise EnvironmentProblem(
-            "the docker SDK for Python is not installed: pip install 'gpuenv[controller]'"
+            "the docker SDK for Python is not installed: install gpuenv's controller extra "
+            "from a checkout (pip install '.[controller]', docs/install.md)"
         ) from None
     try:
         client = docker.from_env(timeout=120)
