@@ -68,6 +68,13 @@ def register(subparsers: Any) -> None:
                    help="Slurm's prolog: pass on a fresh healthy cached verdict, else scan; never"
                    " calls slurmctld; a scan that fails fails the prolog")  # fmt: skip
     p.add_argument(
+        "--scan-failed",
+        metavar="WHY",
+        help="with --slurm: scan nothing; drain with 'gpuenv: health scan failed: WHY' by the same"
+        " rule (someone else's drain is kept) and record it in the cache. The health-check script"
+        " calls it when a scan ends without a verdict (docs/slurm.md)",
+    )
+    p.add_argument(
         "--cache",
         metavar="FILE",
         help=f"with --slurm/--prolog: the verdict cache (default {CACHE_FILE})",
@@ -215,6 +222,8 @@ def _fleet(args: argparse.Namespace) -> int:
 
 
 def handler(args: argparse.Namespace) -> int:
+    if args.scan_failed is not None:
+        return _scan_failed(args)  # no scan: nothing of the scanner is loaded
     _validate(args)
     if args.inventory:
         return _fleet(args)
@@ -278,38 +287,59 @@ def _scan(args: argparse.Namespace, thresholds: Any, state: Any) -> Any:
 
 def _slurm(args: argparse.Namespace, thresholds: Any, state: Any, state_path: str | None) -> int:
     """--slurm and --prolog (docs/slurm.md). Exit 0 healthy, 1 not (or the scan failed: never a
-    pass), 3 when slurmctld could not be told (the HealthCheckProgram wrapper then drains)."""
-    from gpuenv import proc
+    pass), 3 when slurmctld could not be told (the HealthCheckProgram script then drains)."""
     from gpuenv.health import history, slurm
 
     cache = args.cache or slurm.CACHE_FILE
+
+    def problem() -> str | None:
+        report = _scan(args, thresholds, state)
+        if state_path:
+            history.save(state_path, report.state)
+        return slurm.problem_of(report, args.fail_on)
+
     if args.prolog:
-        usable, problem = slurm.cached_verdict(
+        usable, cached = slurm.cached_verdict(
             cache, args.cache_s if args.cache_s is not None else slurm.CACHE_S, time.time()
         )
         if usable:
-            print(f"cached verdict: {problem or 'healthy'}")
-            return 0 if problem is None else 1
-    try:
-        report = _scan(args, thresholds, state)
-        problem = slurm.problem_of(report, args.fail_on)
-        if state_path:
-            history.save(state_path, report.state)
-    # Fail-closed: whatever stopped the scan (a crash, a missing reader) drains the node, named.
-    except Exception as exc:
-        problem = slurm.scan_failed(f"{type(exc).__name__}: {exc}")
-    slurm.write_verdict(cache, problem, time.time())
-    if args.prolog:
-        print(problem or "healthy")
-        return 0 if problem is None else 1
+            print(f"cached verdict: {cached or 'healthy'}")
+            return 0 if cached is None else 1
+        try:
+            found = problem()
+        # Fail-closed: whatever stopped the scan fails the prolog, named.
+        except Exception as exc:
+            found = slurm.scan_failed(f"{type(exc).__name__}: {exc}")
+        slurm.write_verdict(cache, found, time.time())
+        print(found or "healthy")
+        return 0 if found is None else 1
+    return _tell_slurm(args, problem)
+
+
+def _scan_failed(args: argparse.Namespace) -> int:
+    """--slurm --scan-failed=WHY: the health-check script's record of a scan without a verdict."""
+    from gpuenv.health import slurm
+
+    if not args.slurm:
+        raise BadInput("--scan-failed goes with --slurm")
+    why = " ".join(args.scan_failed.split())
+    if not why:
+        raise BadInput("--scan-failed needs the cause, in words")
+    return _tell_slurm(args, lambda: slurm.scan_failed(why))
+
+
+def _tell_slurm(args: argparse.Namespace, problem: Any) -> int:
+    from gpuenv import proc
+    from gpuenv.health import slurm
+
     node = args.node or os.environ.get("SLURMD_NODENAME") or _short_host()
-    try:
-        decision = slurm.enforce(node, problem, proc.command_output)
-    except (RuntimeError, ValueError) as exc:
-        print(f"{node}: {problem or 'healthy'}; Slurm not told: {exc}", file=sys.stderr)
-        return 3
-    print(f"{node}: {decision.verb}: {decision.why}")
-    return 0 if problem is None else 1
+    outcome = slurm.health_check(
+        node, problem, args.cache or slurm.CACHE_FILE, proc.command_output, time.time
+    )
+    stream = sys.stdout if outcome.decision is not None else sys.stderr
+    for line in outcome.lines():
+        print(line, file=stream)
+    return outcome.exit_code
 
 
 def _short_host() -> str:

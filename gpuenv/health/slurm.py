@@ -2,10 +2,17 @@
 a reason that starts ``gpuenv:``, and resume only nodes gpuenv itself drained.
 
 Reason-owned: a drain whose reason does not start with ``gpuenv:`` is someone else's (an
-administrator's, slurmd's "Prolog error") and is never lifted nor overwritten here. Fail-closed:
-a scan that could not run is a problem like a fault ("gpuenv: health scan failed: ..."). Every
-slurmctld call is ``scontrol`` through the injected ``run`` (the node floor's contract: exit status
-and stdout under a deadline; gpuenv.proc.command_output on a node).
+administrator's, slurmd's "Prolog error"), and so is the rolling upgrade's (``gpuenv: upgrade``):
+never lifted nor overwritten here. ``decide`` is the one rule; the HealthCheckProgram script
+(roles/slurm/templates/gpuenv-slurm-health.sh.j2) repeats it in sh only for when gpuenv cannot
+start at all, and tests/unit/test_slurm_health_wrapper.py runs both on one table.
+
+Fail-closed: a scan that could not run is a problem like a fault ("gpuenv: health scan failed:
+..."). The script trusts only a verdict: exit 0 or 1 with ``verdict_line`` as the last line of
+stdout. Anything else (a traceback, a signal, its deadline) makes it call ``gpuenv health --slurm
+--scan-failed=WHY``, which drains through the same rule without scanning. Every slurmctld call is
+``scontrol`` through the injected ``run`` (the node floor's contract: exit status and stdout under
+a deadline; gpuenv.proc.command_output on a node).
 
 The prolog's quick check reads the last verdict from a small cache file instead of scanning and
 never calls slurmctld: a fresh healthy verdict passes, anything else (stale, missing, unhealthy,
@@ -14,11 +21,12 @@ unreadable) makes it scan or fail.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuenv.health.findings import Finding, HealthReport, rank
@@ -33,6 +41,15 @@ REASON_MAX = 200  # characters of a drain reason; sinfo -R shows the start, scon
 SCONTROL_DEADLINE_S = 20.0  # one scontrol call (slurmctld answers in well under a second)
 CACHE_S = 300.0  # how long the prolog trusts the last healthy verdict
 CACHE_FILE = "/run/gpuenv/health-verdict.json"
+# The health-check script's last stdout line when gpuenv itself decided and told Slurm; the script
+# takes nothing else for a verdict (roles/slurm's __slurm_verdict_mark is the same text).
+VERDICT_MARK = "gpuenv-slurm-verdict:"
+# slurmd kills its HealthCheckProgram after 60 s (slurm.conf(5), HealthCheckProgram), so the
+# script's every step has a deadline: the scan at most SCAN_DEADLINE_MAX_S (+2 s to die), the
+# record of a failed scan FALLBACK_DEADLINE_S (+1), the script's own two scontrol calls 5 s each.
+SLURMD_HEALTH_KILL_S = 60
+SCAN_DEADLINE_MAX_S = 30
+FALLBACK_DEADLINE_S = 10
 
 DRAIN = "drain"
 RESUME = "resume"
@@ -163,6 +180,67 @@ def enforce(name: str, problem: str | None, run: Run) -> Decision:
     return decision
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """One health check: the problem (None: healthy) and what Slurm was told (None: it could not
+    be told, ``error`` says why; exit 3)."""
+
+    node: str
+    problem: str | None
+    decision: Decision | None
+    error: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if self.decision is None:
+            return 3
+        return 0 if self.problem is None else 1
+
+    def lines(self) -> list[str]:
+        """What the CLI prints; a verdict's last line is ``verdict_line`` (the script reads it)."""
+        out = list(self.notes)
+        if self.decision is None:
+            return [*out, f"{self.node}: {self.problem or 'healthy'}; Slurm not told: {self.error}"]
+        out.append(f"{self.node}: {self.decision.verb}: {self.decision.why}")
+        return [*out, verdict_line(self.problem, self.decision)]
+
+
+def verdict_line(problem: str | None, decision: Decision) -> str:
+    word = "healthy" if problem is None else "unhealthy"
+    return f"{VERDICT_MARK} {word} ({decision.verb}: {problem or decision.why})"
+
+
+def health_check(
+    node: str,
+    scan: Callable[[], str | None],
+    cache: str,
+    run: Run,
+    clock: Callable[[], float],
+) -> Outcome:
+    """The HealthCheckProgram's work: ``scan`` (the problem, None when healthy; whatever it raises
+    is a failed scan), its verdict into the prolog's ``cache`` (a verdict that cannot be written
+    is a failed scan too: the prolog would trust an older one), then Slurm told by ``decide``."""
+    notes: list[str] = []
+    try:
+        problem = scan()
+    # Fail-closed: whatever stopped the scan (a crash, a missing reader) drains the node, named.
+    except Exception as exc:
+        problem = scan_failed(f"{type(exc).__name__}: {exc}")
+    try:
+        write_verdict(cache, problem, clock())
+    except OSError as exc:
+        notes.append(f"verdict cache {cache} not written: {exc}")
+        forget_verdict(cache)
+        why = exc.strerror or type(exc).__name__
+        problem = problem or scan_failed(f"cannot write the verdict cache {cache}: {why}")
+    try:
+        decision = enforce(node, problem, run)
+    except (RuntimeError, ValueError) as exc:
+        return Outcome(node, problem, None, str(exc), notes)
+    return Outcome(node, problem, decision, "", notes)
+
+
 # The prolog's cache: the last verdict, written by every scan of --slurm or --prolog.
 
 
@@ -173,6 +251,13 @@ def write_verdict(path: str, problem: str | None, at_unix: float) -> None:
     tmp.write_text(json.dumps({"at_unix": at_unix, "problem": problem}), encoding="utf-8")
     tmp.chmod(0o644)
     tmp.replace(target)
+
+
+def forget_verdict(path: str) -> None:
+    """Drop a verdict that no longer stands (best effort: a cache that cannot be written may not
+    be removable either; the node is drained then, and the prolog does not run on it)."""
+    with contextlib.suppress(OSError):
+        Path(path).unlink(missing_ok=True)
 
 
 def cached_verdict(path: str, max_age_s: float, now_unix: float) -> tuple[bool, str | None]:

@@ -222,6 +222,48 @@ def test_a_scan_that_cannot_run_drains_fail_closed(tmp_path, fake_scontrol):
     )
 
 
+def test_only_a_verdict_ends_with_the_verdict_line(tmp_path, fake_scontrol, capsys):
+    """The health-check script takes exit 0 or 1 for a verdict only with this last line."""
+    assert main([*_node_args(tmp_path / "bad", "pcie-width-x8"), "--slurm"]) == 1
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"{slurm.VERDICT_MARK} unhealthy (drain: gpuenv: pcie.width gpu")
+    assert main([*_node_args(tmp_path / "good"), "--slurm"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"{slurm.VERDICT_MARK} healthy (resume: healthy again (was: gpuenv: pci")
+
+
+def test_a_verdict_the_cache_cannot_hold_is_a_failed_scan(tmp_path, fake_scontrol, capsys):
+    args = _node_args(tmp_path)
+    (tmp_path / "cache").write_text("a file where the cache's folder should be")
+    assert main([*args, "--slurm"]) == 1
+    assert fake_scontrol["reason"].read_text().strip() == slurm.scan_failed(
+        f"cannot write the verdict cache {tmp_path / 'cache' / 'verdict.json'}: File exists"
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "verb", "left"),
+    [
+        ("IDLE", "", "drain", "gpuenv: health scan failed: no answer within 30 s"),
+        ("IDLE+DRAIN", OURS, "drain", "gpuenv: health scan failed: no answer within 30 s"),
+        ("IDLE+DRAIN", UPGRADE, "keep", UPGRADE),
+        ("IDLE+DRAIN", ADMIN, "keep", ADMIN),
+    ],
+)
+def test_scan_failed_drains_by_the_same_rule_without_scanning(
+    tmp_path, fake_scontrol, capsys, state, reason, verb, left
+):
+    fake_scontrol["state"].write_text(f"{state}\n")
+    fake_scontrol["reason"].write_text(f"{reason}\n")
+    cache = tmp_path / "verdict.json"
+    argv = ["health", "--slurm", "--node", "n1", "--cache", str(cache)]
+    assert main([*argv, "--scan-failed=no answer within\n30 s"]) == 1
+    assert fake_scontrol["reason"].read_text().strip() == left
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith(f"{slurm.VERDICT_MARK} unhealthy ({verb}: ")
+    assert json.loads(cache.read_text())["problem"] == slurm.scan_failed("no answer within 30 s")
+
+
 def test_no_scontrol_is_exit_3_never_a_pass(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert main([*_node_args(tmp_path, "pcie-width-x8"), "--slurm"]) == 3
@@ -255,6 +297,8 @@ def test_the_prolog_fails_on_a_fault_and_on_its_cached_verdict(tmp_path, fake_sc
         (["--cache", "x"], "needs --slurm or --prolog"),
         (["--slurm", "--cache-s", "5"], "needs --prolog"),
         (["--slurm", "--json", "-"], "does not go with"),
+        (["--scan-failed", "x"], "goes with --slurm"),
+        (["--slurm", "--scan-failed", " "], "needs the cause"),
     ],
 )
 def test_bad_slurm_options_are_bad_input(tmp_path, extra, words, capsys):

@@ -1,44 +1,44 @@
-"""The slurm role's health-check and prolog scripts, rendered as Ansible renders templates
-(trim_blocks), with and without extra arguments: valid sh, one command line each, every argument
-in place (the lab found an extra argument glued to the next line once)."""
+"""The slurm role's health-check and prolog scripts, rendered as the role renders them (its
+defaults and vars, Ansible's filters, trim_blocks), with and without extra arguments: valid sh,
+shellcheck clean, one command line each, every argument in place (the lab found an extra argument
+glued to the next line once). What the health-check script does is
+tests/unit/test_slurm_health_wrapper.py's table."""
 
 import shlex
+import shutil
 import subprocess
-from pathlib import Path
 
-import jinja2
 import pytest
+from test_slurm_health_wrapper import render
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "roles" / "slurm" / "templates"
-VARS = {
-    "ansible_managed": "managed",
-    "slurm_gpuenv": "/opt/gpuenv/bin/gpuenv",
-    "slurm_health_timeout_s": 120,
-    "slurm_health_fail_on": "reset",
-    "slurm_prolog_timeout_s": 60,
-    "slurm_prolog_cache_s": 300,
-    "__slurm_verdict_cache": "/run/gpuenv/health-verdict.json",
-}
+CACHE = "/run/gpuenv/health-verdict.json"
+SCRIPTS = ["gpuenv-slurm-health.sh.j2", "gpuenv-slurm-prolog.sh.j2"]
 
 
-def render(name, extra_args):
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), trim_blocks=True)
-    env.filters["comment"] = lambda text: f"#\n# {text}\n#"
-    env.filters["quote"] = shlex.quote
-    return env.get_template(name).render(**VARS, slurm_health_extra_args=extra_args)
-
-
-@pytest.mark.parametrize("name", ["gpuenv-slurm-health.sh.j2", "gpuenv-slurm-prolog.sh.j2"])
+@pytest.mark.parametrize("name", SCRIPTS)
 @pytest.mark.parametrize("extra", [[], ["--kernel-log", "/etc/a b/kernel.log"]])
 def test_the_scripts_are_valid_sh_with_every_argument(tmp_path, name, extra):
     script = tmp_path / "script.sh"
-    script.write_text(render(name, extra))
+    script.write_text(render(name, slurm_health_extra_args=extra))
     assert subprocess.run(["sh", "-n", str(script)], check=False).returncode == 0
     text = script.read_text().replace("\\\n", " ")
     line = next(ln for ln in text.splitlines() if "timeout -k" in ln)
     words = shlex.split(line)
-    assert words[words.index("--cache") + 1] == "/run/gpuenv/health-verdict.json"
+    cache = words[words.index("--cache") + 1]
+    assert cache == CACHE or (cache == "$cache" and f"\ncache={CACHE}\n" in text)
     if extra:
-        assert words[words.index("--kernel-log") + 1] == "/etc/a b/kernel.log"
-    if "health.sh" in name:
-        assert "\nrc=$?\n" in text
+        at = words.index("--kernel-log")
+        assert words[at + 1] == "/etc/a b/kernel.log"
+        assert words[at + 2].startswith(("--", "2>"))  # nothing glued onto the last argument
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_scripts_are_shellcheck_clean(tmp_path, name):
+    if shutil.which("shellcheck") is None:
+        pytest.skip("apt-get install -y shellcheck")
+    script = tmp_path / "script.sh"
+    script.write_text(render(name, slurm_health_extra_args=["--thresholds", "/etc/gpuenv/h.yml"]))
+    done = subprocess.run(
+        ["shellcheck", "-s", "sh", str(script)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout
