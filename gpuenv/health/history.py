@@ -17,8 +17,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuenv.errors import BadInput
 from gpuenv.health.findings import ACTIONS, Finding, higher, rank
 
@@ -101,9 +99,10 @@ def parse_rules(data: Any, source: str) -> list[Rule]:
 @lru_cache(maxsize=1)
 def shipped_rules() -> tuple[Rule, ...]:
     from gpuenv.checks.thresholds import DATA_DIR
+    from gpuenv.health.rules import data_table  # libyaml where there is one: a scan's own time
 
     path = DATA_DIR / "health_escalation.yaml"
-    return tuple(parse_rules(yaml.safe_load(path.read_text(encoding="utf-8")), str(path)))
+    return tuple(parse_rules(data_table(path.name), str(path)))
 
 
 def empty_state() -> dict[str, Any]:

@@ -4,7 +4,8 @@
 closed once per scan). ``PynvmlNvml`` reads it through nvidia-ml-py, handed its module (tests hand
 a fake module); ``FakeNvml`` answers from a JSON fixture (tests/fixtures/health/*/nvml.json). A
 value NVML does not support on this GPU (page retirement on Ampere and newer, NVLink on a PCIe
-card) is None, never 0: the rules judge only what was read.
+card) is None, never 0: the rules judge only what was read. Any other NVML error is kept in the
+reading's ``errors`` (the call and NVML's words): a call that failed is a finding, not a pass.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ REASON_HW_POWER_BRAKE = 0x80
 NVLINK_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
 NVLINK_MAX_LINKS = 18
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+# nvmlReturn_t codes that mean "this GPU or this library has no such value": not an error.
+NVML_ERROR_INVALID_ARGUMENT = 2  # nvmlDeviceGetNvLinkState of a link the GPU does not have
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
 
 
 @dataclass
@@ -79,6 +85,9 @@ class GpuReading:
     memory_used_mib: float | None = None
     memory_total_mib: float | None = None
     error: str = ""  # the GPU could not be opened (then nothing else was read)
+    # NVML calls that answered an error other than NOT_SUPPORTED: call -> NVML's words. The
+    # values they would have filled are None, and each is a finding (rules: nvml.read).
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,6 +95,7 @@ class NvmlReading:
     driver_version: str | None
     gpus: list[GpuReading]
     error: str = ""  # NVML could not be initialised (no driver, no library)
+    errors: dict[str, str] = field(default_factory=dict)  # the system calls' errors, as a GPU's
 
 
 class Nvml(Protocol):
@@ -131,7 +141,8 @@ class FakeNvml:
             return NvmlReading(None, [], str(self.data["error"]))
         defaults = self.data.get("gpu_defaults", {})
         gpus = [_gpu_from(_deep_merge(defaults, gpu)) for gpu in self.data.get("gpus", [])]
-        return NvmlReading(self.data.get("driver_version"), gpus)
+        errors = dict(self.data.get("errors") or {})
+        return NvmlReading(self.data.get("driver_version"), gpus, errors=errors)
 
 
 def patch_gpus(data: dict[str, Any], patches: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -166,15 +177,19 @@ class PynvmlNvml:
         if module is None:
             import pynvml as module  # the heavy import only where NVML is used
         self.nv = module
+        self._errors: dict[str, str] = {}
 
     def _call(self, fn_name: str, *args: Any) -> Any:
-        """The answer, or None when this NVML lacks the call or the GPU does not support it."""
+        """The answer, or None when this NVML lacks the call or the GPU does not support it;
+        any other NVML error is None too, and kept (``_errors``: call -> NVML's words)."""
         fn = getattr(self.nv, fn_name, None)
         if fn is None:
             return None
         try:
             return fn(*args)
-        except self.nv.NVMLError:
+        except self.nv.NVMLError as exc:
+            if not _unsupported(exc):
+                self._errors.setdefault(fn_name, str(exc) or type(exc).__name__)
             return None
 
     def read(self) -> NvmlReading:
@@ -184,9 +199,11 @@ class PynvmlNvml:
         except nv.NVMLError as exc:
             return NvmlReading(None, [], f"NVML could not start: {exc}")
         try:
+            self._errors = {}
             driver = _text(self._call("nvmlSystemGetDriverVersion"))
             count = self._call("nvmlDeviceGetCount") or 0
-            return NvmlReading(driver, [self._gpu(i) for i in range(count)])
+            errors = dict(self._errors)
+            return NvmlReading(driver, [self._gpu(i) for i in range(count)], errors=errors)
         finally:
             nv.nvmlShutdown()
 
@@ -196,6 +213,7 @@ class PynvmlNvml:
             h = nv.nvmlDeviceGetHandleByIndex(index)
         except nv.NVMLError as exc:
             return GpuReading(index, error=str(exc))
+        self._errors = {}
         c = self._call
         gpu = GpuReading(index, name=_text(c("nvmlDeviceGetName", h)) or "")
         gpu.uuid = _text(c("nvmlDeviceGetUUID", h)) or ""
@@ -262,6 +280,7 @@ class PynvmlNvml:
         if fabric is not None:
             gpu.fabric_state = FABRIC_STATES.get(int(fabric.state), str(fabric.state))
             gpu.fabric_status = "success" if int(fabric.status) == 0 else f"error {fabric.status}"
+        gpu.errors = dict(self._errors)
         return gpu
 
     def _fabric(self, h: Any) -> Any:
@@ -276,8 +295,11 @@ class PynvmlNvml:
     def _nvlinks(self, h: Any) -> list[NvLink] | None:
         links = []
         for link in range(int(getattr(self.nv, "NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS))):
-            state = self._call("nvmlDeviceGetNvLinkState", h, link)
-            if state is None:
+            try:
+                state = self.nv.nvmlDeviceGetNvLinkState(h, link)
+            except self.nv.NVMLError as exc:
+                if not _unsupported(exc) and _code(exc) != NVML_ERROR_INVALID_ARGUMENT:
+                    self._errors.setdefault(f"nvmlDeviceGetNvLinkState(link {link})", str(exc))
                 continue  # a link this GPU does not have
             found = NvLink(link, state == 1)
             if found.active:
@@ -287,6 +309,19 @@ class PynvmlNvml:
                         found.counters[name] = int(value)
             links.append(found)
         return links or None
+
+
+def _code(exc: Exception) -> int | None:
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _unsupported(exc: Exception) -> bool:
+    """NOT_SUPPORTED (or a library without the function): the GPU has no such value."""
+    code = _code(exc)
+    if code is None:  # an NVMLError without its code: NVML's words decide
+        return str(exc).strip().lower() in ("not supported", "function not found")
+    return code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND)
 
 
 def _text(value: Any) -> str | None:

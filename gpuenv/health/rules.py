@@ -15,6 +15,7 @@ import yaml
 
 from gpuenv.floor.health import IbPort, KernelEvent
 from gpuenv.health import nvml as nv
+from gpuenv.health.expect import Expected, read_findings
 from gpuenv.health.findings import (
     FABRIC_MANAGER,
     GPUENV,
@@ -33,11 +34,18 @@ _RECOVERY = re.compile(r"to 0x[0-9a-f]+ \(([^)]+)\)", re.IGNORECASE)
 _RECOVERY_WORDS = (("drain", "drain"), ("reboot", "reboot"), ("reset", "reset"), ("none", "none"))
 
 
-@lru_cache(maxsize=1)
-def xid_table() -> dict[str, Any]:
+def data_table(name: str) -> Any:
+    """A table of gpuenv/data, parsed by libyaml where PyYAML has it (a scan reads two tables;
+    the pure-Python parser alone takes longer than the whole scan should)."""
     from gpuenv.checks.thresholds import DATA_DIR
 
-    return yaml.safe_load((DATA_DIR / "xid.yaml").read_text(encoding="utf-8"))
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((DATA_DIR / name).read_text(encoding="utf-8"), Loader=loader)
+
+
+@lru_cache(maxsize=1)
+def xid_table() -> dict[str, Any]:
+    return data_table("xid.yaml")
 
 
 def growth(now: int | None, before: int | None) -> int | None:
@@ -54,16 +62,24 @@ def _f(gpu: GpuReading, signal: str, action: str, evidence: str, source: str, **
 
 
 def gpu_findings(
-    gpu: GpuReading, prev: Mapping[str, Any], th: Mapping[str, Any], interval_s: float | None
+    gpu: GpuReading,
+    prev: Mapping[str, Any],
+    th: Mapping[str, Any],
+    interval_s: float | None,
+    exp: Expected | None = None,
 ) -> list[Finding]:
-    """Every signal NVML answered for one GPU (a signal it does not support gives no finding)."""
-    out: list[Finding] = []
+    """Every signal NVML answered for one GPU (a signal it does not support gives no finding).
+    ``exp`` (expect.expectations): what the GPU should answer and read, from its model and its
+    peers; with it, a missing or failed read is a finding and values are judged against it."""
+    exp = exp or Expected(model=gpu.name)
+    out: list[Finding] = read_findings(gpu, exp)
     out += _ecc(gpu, prev, th)
     out += _memory(gpu, th)
     out += _throttle(gpu, prev, th, interval_s)
-    out += _thermal_power(gpu, th)
-    out += _pcie(gpu, prev, th)
-    out += _nvlink_errors(gpu, prev, th)
+    out += _thermal_power(gpu, th, exp)
+    out += _pcie(gpu, prev, th, exp)
+    out += _nvlink_errors(gpu, prev, th, exp)
+    out += _memory_size(gpu, exp)
     if gpu.persistence is not None:
         out.append(
             _f(
@@ -286,35 +302,50 @@ def _throttle(
     return out
 
 
-def _thermal_power(gpu: GpuReading, th: Mapping[str, Any]) -> list[Finding]:
+def _thermal_power(gpu: GpuReading, th: Mapping[str, Any], exp: Expected) -> list[Finding]:
+    """Temperature against the GPU's own thresholds, else its peers' (a GPU that does not answer
+    its thresholds is still judged); thresholds and the power cap against the peers' majority."""
     out = []
     t = gpu.temperature_c
-    if t is not None and gpu.slowdown_c:
-        margin = th["temperature_margin_c"]
-        near = t >= gpu.slowdown_c - margin
+    for signal, kind, action, key in (
+        ("temperature.slowdown", "slowdown", "watch", "temperature_margin_c"),
+        ("temperature.shutdown", "shutdown", "drain", "shutdown_margin_c"),
+    ):
+        own = getattr(gpu, f"{kind}_c")
+        limit = own or exp.peer_value(f"{kind}_c")
+        if t is None or not limit:
+            continue
+        margin = th[key]
+        near = t >= limit - margin
+        whose = "" if own else " (its own threshold unanswered: its peers')"
         out.append(
             _f(
                 gpu,
-                "temperature.slowdown",
-                "watch" if near else "none",
-                f"{t} C, slowdown at {gpu.slowdown_c} C (watch within {margin} C)",
+                signal,
+                action if near else "none",
+                f"{t} C, {kind} at {limit} C{whose} ({action} within {margin} C)",
                 NVML_API,
                 value=t,
                 new=near,
             )
         )
-    if t is not None and gpu.shutdown_c:
-        margin = th["shutdown_margin_c"]
-        near = t >= gpu.shutdown_c - margin
+    differ = [
+        f"{kind} {getattr(gpu, f'{kind}_c')} C, its peers' {exp.peer_value(f'{kind}_c')} C"
+        for kind in ("slowdown", "shutdown")
+        if getattr(gpu, f"{kind}_c") is not None
+        and exp.peer_value(f"{kind}_c") is not None
+        and getattr(gpu, f"{kind}_c") != exp.peer_value(f"{kind}_c")
+    ]
+    if differ:
         out.append(
             _f(
                 gpu,
-                "temperature.shutdown",
-                "drain" if near else "none",
-                f"{t} C, shutdown at {gpu.shutdown_c} C (drain within {margin} C)",
+                "temperature.thresholds",
+                "watch",
+                f"thresholds differ from its peers of the same model ({exp.model}): "
+                + "; ".join(differ),
                 NVML_API,
-                value=t,
-                new=near,
+                new=True,
             )
         )
     if gpu.power_w is not None and gpu.power_limit_w:
@@ -332,30 +363,81 @@ def _thermal_power(gpu: GpuReading, th: Mapping[str, Any]) -> list[Finding]:
                 new=over,
             )
         )
+    peers_limit = exp.peer_value("power_limit_w")
+    if gpu.power_limit_w is not None and peers_limit:
+        capped = gpu.power_limit_w < peers_limit * POWER_CAP_FRACTION
+        out.append(
+            _f(
+                gpu,
+                "power.cap",
+                "watch" if capped else "none",
+                f"enforced power limit {gpu.power_limit_w:.0f} W, its peers'"
+                f" {peers_limit:.0f} W"
+                + (": it runs capped below its peers (nvidia-smi -i N -pl)" if capped else ""),
+                NVML_API,
+                value=gpu.power_limit_w,
+                new=capped,
+            )
+        )
     return out
 
 
-def _pcie(gpu: GpuReading, prev: Mapping[str, Any], th: Mapping[str, Any]) -> list[Finding]:
+# A GPU's enforced limit below this share of its peers' is capped (an administrator's cap on
+# every GPU alike is no finding: the peers share it).
+POWER_CAP_FRACTION = 0.95
+# A GPU showing less memory than this share of its peers' (same model) lost some of it.
+MEMORY_FRACTION = 0.99
+
+
+def _memory_size(gpu: GpuReading, exp: Expected) -> list[Finding]:
+    peers = exp.peer_value("memory_total_mib")
+    if gpu.memory_total_mib is None or not peers:
+        return []
+    short = gpu.memory_total_mib < peers * MEMORY_FRACTION
+    return [
+        _f(
+            gpu,
+            "memory.total",
+            "watch" if short else "none",
+            f"{gpu.memory_total_mib:.0f} MiB of memory, its peers' {peers:.0f} MiB"
+            + (": part of the memory is not visible" if short else ""),
+            NVML_API,
+            value=gpu.memory_total_mib,
+            new=short,
+        )
+    ]
+
+
+def _pcie(
+    gpu: GpuReading, prev: Mapping[str, Any], th: Mapping[str, Any], exp: Expected
+) -> list[Finding]:
+    """The link against what it should train to: the higher of the GPU's own maximum and its
+    peers' (the majority of the same model), so a degraded maximum does not lower its own bar."""
     out = []
-    if gpu.pcie_width is not None and gpu.pcie_max_width:
-        narrow = gpu.pcie_width < gpu.pcie_max_width
+    want_width = max(gpu.pcie_max_width or 0, exp.peer_value("pcie_max_width") or 0)
+    want_gen = max(gpu.pcie_max_gen or 0, exp.peer_value("pcie_max_gen") or 0)
+    if gpu.pcie_width is not None and want_width:
+        narrow = gpu.pcie_width < want_width
         out.append(
             _f(
                 gpu,
                 "pcie.width",
                 "drain" if narrow else "none",
-                f"PCIe x{gpu.pcie_width} of x{gpu.pcie_max_width}"
+                f"PCIe x{gpu.pcie_width} of x{want_width}"
+                + ("" if want_width == gpu.pcie_max_width else " (its peers' maximum)")
                 + (": the link trained narrow (reseat the GPU or its riser)" if narrow else ""),
                 NVML_API,
                 value=gpu.pcie_width,
                 new=narrow,
             )
         )
-    if gpu.pcie_gen is not None and gpu.pcie_max_gen:
+    if gpu.pcie_gen is not None and want_gen:
         idle = bool((gpu.clock_reasons or 0) & nv.REASON_GPU_IDLE)
-        slow = gpu.pcie_gen < gpu.pcie_max_gen and not idle
-        text = f"PCIe gen {gpu.pcie_gen} of {gpu.pcie_max_gen}"
-        if gpu.pcie_gen < gpu.pcie_max_gen:
+        slow = gpu.pcie_gen < want_gen and not idle
+        text = f"PCIe gen {gpu.pcie_gen} of {want_gen}"
+        if want_gen != gpu.pcie_max_gen:
+            text += " (its peers' maximum)"
+        if gpu.pcie_gen < want_gen:
             text += (
                 ": the GPU is idle, and an idle link trains down to save power"
                 if idle
@@ -370,6 +452,26 @@ def _pcie(gpu: GpuReading, prev: Mapping[str, Any], th: Mapping[str, Any]) -> li
                 NVML_API,
                 value=gpu.pcie_gen,
                 new=slow,
+            )
+        )
+    below = [
+        f"{what} {own} where its peers' is {peer}"
+        for what, own, peer in (
+            ("max gen", gpu.pcie_max_gen, exp.peer_value("pcie_max_gen")),
+            ("max width x", gpu.pcie_max_width, exp.peer_value("pcie_max_width")),
+        )
+        if own is not None and peer is not None and own < peer
+    ]
+    if below:
+        out.append(
+            _f(
+                gpu,
+                "pcie.max",
+                "watch",
+                "the GPU's PCIe maximum is below its peers' of the same model"
+                f" ({exp.model}): " + "; ".join(below).replace("x ", "x"),
+                NVML_API,
+                new=True,
             )
         )
     if gpu.pcie_replays is not None:
@@ -399,11 +501,27 @@ def nvlink_total(gpu: GpuReading) -> int | None:
 
 
 def _nvlink_errors(
-    gpu: GpuReading, prev: Mapping[str, Any], th: Mapping[str, Any]
+    gpu: GpuReading, prev: Mapping[str, Any], th: Mapping[str, Any], exp: Expected
 ) -> list[Finding]:
+    out = []
+    unread = [str(link.link) for link in gpu.nvlinks or [] if link.active and not link.counters]
+    if unread and exp.nvlink_counters:
+        out.append(
+            _f(
+                gpu,
+                "nvml.read",
+                "watch",
+                "nvmlDeviceGetNvLinkErrorCounter answered nothing for active link(s)"
+                f" {', '.join(unread)} although other links of the GPU or its peers answer:"
+                " their errors are unknown",
+                NVML_API,
+                subject="nvlink.errors",
+                new=True,
+            )
+        )
     total = nvlink_total(gpu)
     if total is None:
-        return []
+        return out
     grown = growth(total, prev.get("nvlink_errors")) or 0
     limit = th["nvlink_errors_watch"]
     by_link = {
@@ -411,6 +529,7 @@ def _nvlink_errors(
     }
     noisy = ", ".join(f"link {k}: {v}" for k, v in by_link.items() if v)
     return [
+        *out,
         _f(
             gpu,
             "nvlink.errors",
@@ -421,35 +540,64 @@ def _nvlink_errors(
             NVML_API,
             value=total,
             new=grown >= limit,
-        )
+        ),
     ]
 
 
-def nvlink_state_findings(gpus: list[GpuReading], nvswitch_node: bool) -> list[Finding]:
-    """A GPU with fewer active links than the node's best (all of its links on an NVSwitch
-    node): a link that did not train. gpud once reported such a node healthy (issue 23)."""
-    linked = [g for g in gpus if g.nvlinks is not None]
-    if not linked:
-        return []
-    best = max(sum(link.active for link in g.nvlinks or []) for g in linked)
+def nvlink_state_findings(
+    gpus: list[GpuReading], nvswitch_node: bool, exps: Mapping[int, Expected] | None = None
+) -> list[Finding]:
+    """A GPU with fewer active links than it should have: its model's count (gpu_specs.yaml),
+    every link NVML lists on an NVSwitch node, else the node's best GPU. A GPU whose links NVML
+    does not answer at all where its model or the node says it has them is as bad as links down
+    (gpud once reported such a node healthy, issue 23; an empty answer too, issue 32). A lone
+    GPU on a node without NVSwitches that answers no link (one SXM GPU passed to a VM) has no
+    peer to link to and is not judged, as the system check does."""
+    exps = exps or {}
+
+    def model(g: GpuReading) -> str:
+        exp = exps.get(g.index)
+        return exp.model if exp else ""
+
     out = []
-    for g in linked:
+    for g in gpus:
+        exp = exps.get(g.index)
+        model_links = exp.nvlink_links if exp else None
         links = g.nvlinks or []
+        best = max(
+            (sum(x.active for x in p.nvlinks or []) for p in gpus if model(p) == model(g)),
+            default=0,
+        )
+        if not links and not nvswitch_node and (len(gpus) < 2 or not model_links) and not best:
+            continue
         active = sum(link.active for link in links)
-        expected = len(links) if nvswitch_node else best
+        want = [best, model_links or 0, len(links) if nvswitch_node else 0]
+        expected = max(want)
+        if not links and nvswitch_node and not expected:
+            expected = 1  # an NVSwitch node's GPUs reach each other through their links
         down = [str(link.link) for link in links if not link.active]
         bad = active < expected
-        out.append(
-            _f(
-                g,
-                "nvlink.state",
-                "drain" if bad else "none",
-                f"{active} of {len(links)} NVLinks active"
-                + (f" (expected {expected}; down: {', '.join(down)})" if bad else ""),
-                NVML_API,
-                value=active,
-                new=bad,
+        if not links:
+            why = (
+                f"NVML answered {'an empty list' if g.nvlinks == [] else 'nothing'} for the"
+                " NVLinks"
+                + (f" (its model {exp.model} has {model_links})" if model_links and exp else "")
+                + (" on an NVSwitch node" if nvswitch_node else "")
+                + ": as bad as every link down"
             )
+        else:
+            why = f"{active} of {len(links)} NVLinks active"
+            if bad:
+                whose = (
+                    f"its model {exp.model}'s"
+                    if exp and model_links and expected == model_links
+                    else "the node's best GPU's"
+                    if expected == best and not nvswitch_node
+                    else "every link listed"
+                )
+                why += f" (expected {expected}, {whose}; down: {', '.join(down) or 'none listed'})"
+        out.append(
+            _f(g, "nvlink.state", "drain" if bad else "none", why, NVML_API, value=active, new=bad)
         )
     return out
 
@@ -569,12 +717,53 @@ def xid_findings(
     return out
 
 
+def ib_device_findings(rdma_nics: list[str], rdma_devices: list[str]) -> list[Finding]:
+    """Every ConnectX function on the PCI bus (``rdma_nics``: their addresses, bound to mlx5_core
+    or to no driver) should have its RDMA device (/sys/class/infiniband): fewer means a card the
+    node cannot use for RDMA (mlx5_ib not loaded, no module for the running kernel, the device
+    gone), and NCCL falls back to sockets. The fabric check names the card and its rails
+    (docs/checks.md); here the count is enough to keep the node from a job."""
+    if not rdma_nics:
+        return []
+    short = len(rdma_devices) < len(rdma_nics)
+    return [
+        Finding(
+            "ib.device",
+            "drain" if short else "none",
+            f"{len(rdma_nics)} ConnectX function(s) on the PCI bus ({', '.join(rdma_nics)}),"
+            f" {len(rdma_devices)} RDMA device(s) in /sys/class/infiniband"
+            + (
+                ": a card without its RDMA device (mlx5_ib not loaded, or the device lost);"
+                " NCCL would fall back to sockets"
+                if short
+                else ""
+            ),
+            IB_SYSFS,
+            value=len(rdma_devices),
+            new=short,
+        )
+    ]
+
+
 def ib_findings(
     ports: list[IbPort], prev: Mapping[str, Any], th: Mapping[str, Any]
 ) -> list[Finding]:
     out = []
     limit = th["ib_errors_watch"]
+    counted = any(port.counters for port in ports)
     for port in ports:
+        if counted and not port.counters:
+            out.append(
+                Finding(
+                    "ib.errors",
+                    "watch",
+                    f"{port.name}: its error counters could not be read although other ports'"
+                    " can: its errors are unknown",
+                    IB_SYSFS,
+                    subject=port.name,
+                    new=True,
+                )
+            )
         up = port.state.upper() == "ACTIVE" and port.phys_state.lower() == "linkup"
         out.append(
             Finding(
@@ -663,6 +852,33 @@ def node_findings(
                         new=True,
                     )
                 )
+    for call, words in sorted(reading.errors.items()):
+        out.append(
+            Finding(
+                "nvml.read",
+                "reboot" if "gpu is lost" in words.lower() else "drain",
+                f"{call} failed: {words} (an NVML error, not NOT_SUPPORTED)",
+                NVML_API,
+                subject=call,
+                new=True,
+            )
+        )
+    if (
+        not reading.error
+        and reading.driver_version is None
+        and "nvmlSystemGetDriverVersion" not in reading.errors
+    ):
+        out.append(
+            Finding(
+                "nvml.read",
+                "watch",
+                "nvmlSystemGetDriverVersion answered nothing although NVML started: the"
+                " user-space library cannot be checked against the kernel module",
+                NVML_API,
+                subject="nvmlSystemGetDriverVersion",
+                new=True,
+            )
+        )
     for g in reading.gpus:
         if g.error:
             out.append(

@@ -8,12 +8,13 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from gpuenv.floor import health as floor
-from gpuenv.floor import pci
+from gpuenv.floor import net, pci
 from gpuenv.floor.node import Run
-from gpuenv.health import history, rules
+from gpuenv.health import expect, history, rules
 from gpuenv.health.findings import Finding, HealthReport
 from gpuenv.health.nvml import GpuReading, Nvml
 
@@ -61,6 +62,22 @@ def _finding_id(event: floor.KernelEvent, by_bus: Mapping[str, Any]) -> str:
     return f"xid:{gpu.uuid if gpu else 'node'}:{event.code}"
 
 
+@lru_cache(maxsize=1)
+def _shipped_specs() -> dict[str, Any]:
+    """gpu_specs.yaml as load_specs gives it without a thresholds file's rows."""
+    return rules.data_table("gpu_specs.yaml") or {}
+
+
+def _specs(thresholds: Mapping[str, Any]) -> dict[str, Any]:
+    """The GPU spec table, with a thresholds file's gpu_specs rows where it has any."""
+    rows = thresholds.get("gpu_specs")
+    if not rows:
+        return _shipped_specs()
+    from gpuenv.checks.thresholds import load_specs
+
+    return load_specs(rows)
+
+
 def scan(
     root: str,
     run: Run,
@@ -95,10 +112,12 @@ def scan(
     findings: list[Finding] = rules.node_findings(pci_gpus, module, reading, state.get("gpus", {}))
     findings.append(rules.kernel_log_finding(log.source, log.reason))
     good = [g for g in reading.gpus if not g.error]
+    device_ids = {d.bdf: f"0x{d.device:04x}" for d in devices or [] if d.is_gpu}
+    exps = expect.expectations(good, device_ids, _specs(thresholds), nvswitch_node)
     for gpu in good:
         prev = counters.get(gpu.uuid, {}) if state.get("boot_id") == boot else {}
-        findings += rules.gpu_findings(gpu, prev, th, interval_s)
-    findings += rules.nvlink_state_findings(good, nvswitch_node)
+        findings += rules.gpu_findings(gpu, prev, th, interval_s, exps[gpu.index])
+    findings += rules.nvlink_state_findings(good, nvswitch_node, exps)
     fm_running = floor.running(root) if nvswitch_node else False
     findings += rules.fabric_findings(good, nvswitch_node, fm_running)
     # A GPU NVML lost is still known by what an earlier scan saw at its address, so that its Xid
@@ -111,6 +130,12 @@ def scan(
     events, new, newest_s = _fresh_events(log, state, boot, boot_unix, by_bus)
     findings += rules.xid_findings(events, new, by_bus)
     ports = floor.ib_ports(root)
+    connectx = [
+        d.bdf
+        for d in devices or []
+        if d.vendor == pci.MELLANOX_VENDOR and d.is_nic and d.driver in ("", "mlx5_core")
+    ]
+    findings += rules.ib_device_findings(connectx, net.rdma_devices(root))
     prev_ib = counters.get("ib", {}) if state.get("boot_id") == boot else {}
     findings += rules.ib_findings(ports, prev_ib, th)
 
