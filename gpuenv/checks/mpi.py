@@ -182,6 +182,8 @@ def main(argv: Sequence[str]) -> int:
     index, size = comm.Get_rank(), comm.Get_size()
     log = ranklog.RankLog(ranklog.RankConfig.load().events, index)
     log.mark(NAME, "start")
+    # A rank's exception is its result, and ends the job: its peers would wait in a collective.
+    ranklog.report_uncaught(log, NAME, comm.Abort)
     build = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
     device = None
     xp: Any = np

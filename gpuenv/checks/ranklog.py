@@ -21,11 +21,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Mapping
+import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 CONFIG_ENV = "GPUENV_RANK_CONFIG"
@@ -185,6 +188,24 @@ def launched_rank(check: str, rank: int, world: int, device: int = 0) -> RankCon
         time.monotonic() + max(MIN_RANK_SPAN_S, left_s),
         device,
     )
+
+
+def report_uncaught(log: RankLog, check: str, abort: Callable[[int], object]) -> None:
+    """From now on, an exception that ends this launched rank is posted as its result (the
+    parent's verdict quotes it by rank) and printed, and then ``abort`` (MPI_Abort) ends the
+    whole job: an uncaught exception in an mpi4py rank otherwise leaves mpirun running (the rank
+    waits in MPI_Finalize, its peers in a collective with it) until the deadline."""
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        log.result(check, {
+            "error": f"{kind.__name__}: {exc}",
+            "traceback": "".join(traceback.format_exception(kind, exc, tb, limit=6)),
+        })  # fmt: skip
+        traceback.print_exception(kind, exc, tb)
+        sys.stderr.flush()
+        abort(1)
+
+    sys.excepthook = hook
 
 
 def wait_gate(timeout_s: float = GATE_WAIT_S) -> None:

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any, cast
 
 from gpuenv import bytecode, proc
-from gpuenv.checks import ranklog
+from gpuenv.checks import rank_cause, ranklog
 from gpuenv.checks.base import Check, Context, LaunchedCheck, NodeInfo, Placement, ProbeCheck
 from gpuenv.progress import Progress, Silent
 from gpuenv.results import Result, Status
@@ -283,7 +283,9 @@ def _judge(
     error = ranklog.errors_of(payloads)
     if error:
         tb = next((p["traceback"] for p in payloads.values() if p.get("traceback")), "")
-        return Result(check.NAME, ctx.node, Status.ERROR, error, details={"traceback": tb})
+        cause = rank_cause.find({}, payloads, rank_cause.login_here())
+        return Result(check.NAME, ctx.node, Status.ERROR, cause.text or error,
+                      details={"traceback": tb, **cause.details()})  # fmt: skip
     missing = sorted(set(range(world)) - set(payloads))
     if missing:
         return Result(
@@ -347,9 +349,12 @@ def _gpu_stage(session: _Session, names: list[str], node: NodeInfo) -> None:
                 f"rank {r} exited with {proc.describe_exit(c)}" for r, c in sorted(failure.items())
             )
             _, details = ranklog.hang_reason(name, events, world, who)
-            text = f"{who} during {name}; peers were killed"
+            outputs: dict[int | None, str] = {r: ranks[r].output() for r in sorted(failure)}
+            cause = rank_cause.find(outputs, payloads, rank_cause.login_here())
+            text = cause.before(f"{who} during {name}; peers were killed")
             details["rank_exit"] = {str(r): c for r, c in failure.items()}
             details["log_tail"] = {str(r): ranks[r].tail(6) for r in failure}
+            details.update(cause.details())
         else:
             text, details = ranklog.hang_reason(
                 name, events, world, f"deadline {deadline_s:g} s expired"
@@ -425,11 +430,17 @@ def _launched(session: _Session, node: NodeInfo, name: str, started: _Prestart) 
             name, ctx.node, status, text, duration_s=outcome.elapsed_s, details={**details, **trace}
         )
 
+    def cause() -> rank_cause.Cause:
+        """The ranks' own errors, as they posted them and as their launcher's output shows them
+        (never its boilerplate), and the login settings of the library that failed."""
+        return rank_cause.find(launch.output(), payloads, rank_cause.login_here(), launch.argv)
+
     if outcome.timed_out:
         text, details = ranklog.hang_reason(
             name, events, world, f"deadline {deadline_s:g} s expired"
         )
-        return failed(f"{text}; process group killed", details)
+        why = cause()
+        return failed(why.before(f"{text}; process group killed"), {**details, **why.details()})
     if len(payloads) < world or (outcome.returncode != 0 and not outcome.stopped):
         launcher = launch.argv[2] if launch.argv[0] == sys.executable else launch.argv[0]
         how = f"{launcher} exited with {proc.describe_exit(outcome.returncode)}"
@@ -437,11 +448,9 @@ def _launched(session: _Session, node: NodeInfo, name: str, started: _Prestart) 
         missing = sorted(set(range(world)) - set(payloads))
         if missing:
             text += f"; no result from rank(s) {missing}"
-        error = ranklog.errors_of(payloads)
-        if error:
-            text += f"; {error}"
         details["log_tail"] = launch.tail()
-        return failed(text, details)
+        why = cause()
+        return failed(why.before(text), {**details, **why.details()})
     result = _judge(check, ctx, node, payloads, world)
     if result.status is Status.ERROR:
         result.details.setdefault("log_tail", launch.tail())

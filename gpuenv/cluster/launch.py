@@ -159,11 +159,10 @@ def stop(rid: str) -> str:
 # mpirun names the first rank that failed: Open MPI 5 `[prterun-HOST-PID@1,RANK]`,
 # Open MPI 4 `[[JOB,1],RANK]`.
 _FAILED_RANK = re.compile(r"Process name:\s*\[(?:prterun-\S+@\d+|\[\d+,\d+\]),(\d+)\]")
-_PY_ERROR = re.compile(r"^\s*(\w+(?:Error|Exception)\b.*)$", re.MULTILINE)
 
 
-def mpirun_failure(stderr: str, hosts: Sequence[Host]) -> str | None:
-    """Which node's rank failed first, and the Python error it printed, from mpirun's stderr.
+def mpirun_failed_rank(stderr: str, hosts: Sequence[Host]) -> str | None:
+    """The rank mpirun names as the first that failed, and its node: ``rank 1 on n2``.
 
     With one rank per node in hostfile order (``--map-by ppr:1:node``), rank i is the i-th host.
     """
@@ -171,6 +170,5 @@ def mpirun_failure(stderr: str, hosts: Sequence[Host]) -> str | None:
     if m is None:
         return None
     rank = int(m.group(1))
-    where = f"rank {rank} on {hosts[rank].name}" if rank < len(hosts) else f"rank {rank}"
-    error = _PY_ERROR.findall(stderr)
-    return f"{where} failed" + (f": {error[-1].strip()}" if error else "")
+    return f"rank {rank} on {hosts[rank].name}" if rank < len(hosts) else f"rank {rank}"
+

@@ -54,7 +54,7 @@ from typing import Any
 from gpuenv.checks import ddp as ddp_check
 from gpuenv.checks import fabric as fabric_check
 from gpuenv.checks import nccl_log
-from gpuenv.cluster import consistency, judge, launch, pairs, preflight
+from gpuenv.cluster import causes, consistency, judge, launch, pairs, preflight
 from gpuenv.cluster import slurm as slurm_launch
 from gpuenv.cluster.defaults import (
     DEADLINE_S,
@@ -303,7 +303,8 @@ def _name_login_settings(report: RunReport, probe: Mapping[str, Any]) -> None:
         return
     note = f" [login environment: {login_env.describe(found)}]"
     for result in report.results:
-        if result.status in (Status.FAIL, Status.ERROR):
+        # A failed rank's reason already names its library's login settings (checks.rank_cause).
+        if result.status in (Status.FAIL, Status.ERROR) and "login_env" not in result.details:
             result.reason += note
 
 
@@ -443,7 +444,11 @@ def torch_stage(state: State) -> None:
         # With a pair phase, a node reports its sweep and DDP before the phase starts: a launch
         # that failed after that failed in the pair phase, which the pairs stage judges.
         if not got or (not out.ok and phase is None):
-            bad[name] = out.why() if not out.ok else "no result from its ranks"
+            bad[name] = (
+                causes.launch_failure(out, state.probes.get(name))
+                if not out.ok
+                else "no result from its ranks"
+            )
             continue
         p = got[0]
         first = first or p
@@ -499,7 +504,7 @@ def _gather_pairs(state: State, phase: PairPhase, outcomes: Mapping[str, NodeAns
             elif p.get("kind") == "pair-start":
                 started.setdefault(key, set()).add(str(p.get("node")))
         if not out.ok and any(p.get("kind") == "torch" for p in got):
-            state.launch_failures[name] = out.why()
+            state.launch_failures[name] = causes.launch_failure(out, state.probes.get(name))
     for round_pairs in pairs.all_pairs_rounds(phase.nodes):
         for a, b in round_pairs:
             got = lines.get((a, b), {})
@@ -548,9 +553,11 @@ def mpi_stage(state: State) -> None:
         out = state.fan_out([master], lambda _h: cmd, "mpirun")[master.name]
     got = [p for p in launch.payloads(out) if p.get("kind") == "mpi"]
     if not out.ok or not got:
-        why = out.why() if not out.ok else "no result from rank 0"
-        named = None if master.local else launch.mpirun_failure(out.stderr + out.stdout, hosts)
-        why = f"{named} ({why})" if named else why
+        why = (
+            causes.mpirun_failure(out, hosts, state.probes, master.local)
+            if not out.ok
+            else "no result from rank 0"
+        )
         state.add(judge.mpi_failed(master.name, why, cmd, out.duration_s))
         return
     want = 1 if master.local else len(hosts)

@@ -18,10 +18,12 @@ from collections.abc import Mapping
 
 from .node import read_under
 
-# The variables a user's GPU job reads at start: the loader's, CUDA's, NCCL's and the MPI's.
+# The variables a user's GPU job reads at start: the loader's, CUDA's, NCCL's, gloo's and the
+# MPI's (Open MPI's own, and its PMIx and PRRTE runtimes' in Open MPI 5).
 JOB_VARIABLE = re.compile(
     r"^(LD_LIBRARY_PATH|LD_PRELOAD|PYTHONPATH|PYTHONHOME|CUDA_[A-Z0-9_]+|NCCL_[A-Z0-9_]+"
-    r"|OMPI_[A-Z0-9_]+|OMPI_MCA_[a-z0-9_]+|UCX_[A-Z0-9_]+|GLOO_[A-Z0-9_]+|MASTER_ADDR|MASTER_PORT)$"
+    r"|OMPI_[A-Z0-9_]+|OMPI_MCA_[a-z0-9_]+|PMIX_[A-Za-z0-9_]+|PRTE_[A-Za-z0-9_]+|UCX_[A-Z0-9_]+"
+    r"|GLOO_[A-Z0-9_]+|MASTER_ADDR|MASTER_PORT)$"
 )
 SYSTEM_FILES = (
     "/etc/environment",

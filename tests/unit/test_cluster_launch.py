@@ -70,14 +70,19 @@ the job to be terminated. The first process to do so was:
 
 
 def test_the_node_whose_rank_failed_is_named():
-    from gpuenv.cluster.launch import mpirun_failure
+    from gpuenv.cluster.causes import mpirun_failure
+    from gpuenv.cluster.fanout import NodeAnswer
 
     hosts = [Host(n, n, n) for n in ("n1", "n2", "n3")]
-    assert mpirun_failure(OMPI5, hosts) == (
-        "rank 1 on n2 failed: ModuleNotFoundError: No module named 'mpi4py'"
+
+    def failure(stderr):
+        return mpirun_failure(NodeAnswer("n1", 1, stderr=stderr), hosts, {}, local=False)
+
+    assert failure(OMPI5) == (
+        "rank 1 on n2 failed: ModuleNotFoundError: No module named 'mpi4py' (exit status 1)"
     )
-    assert mpirun_failure(OMPI4, hosts).startswith("rank 2 on n3 failed")
-    assert mpirun_failure("segmentation fault", hosts) is None
+    assert failure(OMPI4).startswith("rank 2 on n3 failed")
+    assert failure("segmentation fault") == "exit status 1: segmentation fault"
 
 
 def test_the_pair_phase_options_reach_the_worker_through_torchrun():

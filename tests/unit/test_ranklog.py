@@ -1,4 +1,7 @@
 import json
+import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -125,3 +128,36 @@ def test_a_launched_rank_s_deadline_runs_from_the_gate(tmp_path, monkeypatch):
     rc = R.launched_rank("x", 1, 2)
     left = rc.deadline_at - time.monotonic()
     assert 20 - 5 - R.RANK_MARGIN_S - 1 < left < 20 - 5 - R.RANK_MARGIN_S + 0.5
+
+
+MPI_RANK = """
+import sys
+from mpi4py import MPI
+from gpuenv.checks import ranklog
+
+comm = MPI.COMM_WORLD
+ranklog.report_uncaught(ranklog.RankLog(sys.argv[1], comm.Get_rank()), "mpi", comm.Abort)
+if comm.Get_rank() == 1:
+    raise ValueError("rank 1 was told to fail")
+comm.Barrier()  # rank 0 waits here for a peer that is gone
+"""
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not on PATH (openmpi-bin)")
+def test_an_mpi_rank_s_exception_is_its_result_and_ends_the_job_at_once(tmp_path):
+    """Without the hook the job outlives the exception (the raising rank waits in MPI_Finalize,
+    its peer in the barrier) until mpirun's deadline, and no rank says why."""
+    pytest.importorskip("mpi4py")
+    from gpuenv.checks.base import mpirun_flags
+
+    script = tmp_path / "rank.py"
+    script.write_text(MPI_RANK)
+    argv = ["mpirun", "-n", "2", *mpirun_flags(True), sys.executable, str(script), str(tmp_path)]
+    began_at = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert time.monotonic() - began_at < 60
+    results = R.rank_results(R.read_events(tmp_path), "mpi")
+    assert list(results) == [1]
+    assert results[1]["error"] == "ValueError: rank 1 was told to fail"
+    assert "ValueError: rank 1 was told to fail" in done.stderr  # printed too
