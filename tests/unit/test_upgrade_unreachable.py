@@ -47,9 +47,13 @@ case "$1" in
 esac
 """
 
-# The node's step, in place of the role's main entry point: what the role notes before it drains and
-# changes the node, one task on the node (unreachable once the node's marker exists), the outcome.
+# The node's step, in place of the role's main entry point: a read of the node, what the role notes
+# before it drains and changes the node, one change on the node (unreachable once the node's marker
+# exists), the outcome.
 FAKE_STEP = """
+- name: Read the node, as validate.yml does
+  ansible.builtin.stat:
+    path: "{d}"
 - name: Note where the node is, as install.yml does
   ansible.builtin.set_fact:
     __rolling_upgrade_step: the drain and change
@@ -189,16 +193,23 @@ def test_a_batch_whose_only_node_stops_answering_stops_the_rollout_and_says_so(t
 def test_the_rest_of_the_batch_finishes_its_step_and_an_administrators_drain_stays(tmp_path):
     (tmp_path / "n3.state").write_text("IDLE+DRAIN\n")
     (tmp_path / "n3.reason").write_text("ops: fan replaced, burn-in pending\n")
-    rc, out = run(tmp_path, batch_size=2, lose=("n3",))
+    (tmp_path / "gone-n4").touch()  # n4 does not answer from its first task on
+    rc, out = run(tmp_path, batch_size=3, lose=("n3",))
     said = flat(out)
     assert rc != 0, out[-3000:]
     assert changed(tmp_path) == ["n1", "n2"]
     stopped = "UPGRADE STOPPED at batch 2 (n3): unreachable during the drain and change"
     assert stopped in said, out[-3000:]
-    assert "NOT TOUCHED (later batches): n4." in said
     assert slurm(tmp_path, "n3") == ("IDLE+DRAIN", "ops: fan replaced, burn-in pending")
     assert "Left drained in Slurm with the reason someone else gave (ops: fan replaced" in said
-    assert "scontrol update" not in (tmp_path / "log").read_text()
+    stopped = "UPGRADE STOPPED at batch 2 (n4): unreachable during the read of the node, before any"
+    assert stopped in said
+    assert "ROLLBACK: none needed: the node left before this run changed it." in said
+    state, reason = slurm(tmp_path, "n4")
+    assert "DRAIN" in state
+    assert reason.startswith("gpuenv: upgrade batch 2: unreachable during the read of the node")
+    assert "NOT TOUCHED (later batches): none." in said
+    assert "scontrol update nodename=n3" not in (tmp_path / "log").read_text()
     assert slurm(tmp_path, "n2") == ("IDLE", "")
 
 
