@@ -52,6 +52,7 @@ class NodeInfo:
     nvml_gpus: int = 0  # GPUs NVML lists, whatever CUDA_VISIBLE_DEVICES hides
     visible_spec: str | None = None  # CUDA_VISIBLE_DEVICES as the run saw it (None: unset)
     rdma_ports: list[str] = field(default_factory=list)  # InfiniBand/RoCE ports (mlx5_0/1)
+    rdma_invisible: list[str] = field(default_factory=list)  # RDMA adapters with no RDMA device
 
     @property
     def has_gpu(self) -> bool:

@@ -56,13 +56,17 @@ STATE_CAUSES = {
 
 
 def needed(node: NodeInfo) -> bool:
-    """Required only where there is a fabric: a node without IB/RoCE ports has no rail."""
-    return bool(node.rdma_ports)
+    """Required only where there is a fabric: IB/RoCE ports, or an RDMA-capable adapter on the
+    PCI bus that has no RDMA device (it FAILs, naming the card and the cause)."""
+    return bool(node.rdma_ports or node.rdma_invisible)
 
 
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:
-    if not node.rdma_ports:
-        return "no InfiniBand/RoCE port in /sys/class/infiniband: no fabric to judge"
+    if not node.rdma_ports and not node.rdma_invisible:
+        return (
+            "no InfiniBand/RoCE port in /sys/class/infiniband and no RDMA-capable adapter on the"
+            " PCI bus: no fabric to judge"
+        )
     return None
 
 
@@ -115,6 +119,11 @@ class NodeFabric:
     left_out: dict[str, str] = field(default_factory=dict)
     gid_types: dict[str, dict[str, str]] = field(default_factory=dict)
     rail_gpu: dict[str, int] = field(default_factory=dict)  # rail -> index of the GPU nearest it
+    # port -> {"gbps": what its card carries a port (None: not known), "card": its name}
+    capability: dict[str, dict[str, Any]] = field(default_factory=dict)
+    far_rails: dict[str, str] = field(default_factory=dict)  # rail -> why it is placed far
+    problems: list[str] = field(default_factory=list)  # the derivation's (no RoCE v2 GID ...)
+    invisible: list[str] = field(default_factory=list)  # RDMA adapters with no RDMA device
 
     @property
     def hca(self) -> net.HcaSpec | None:
@@ -156,6 +165,10 @@ class NodeFabric:
             "left_out": dict(self.left_out),
             "gid_types": dict(self.gid_types),
             "rail_gpu": dict(self.rail_gpu),
+            "capability": dict(self.capability),
+            "far_rails": dict(self.far_rails),
+            "problems": list(self.problems),
+            "invisible": list(self.invisible),
         }
 
     @classmethod
@@ -181,6 +194,10 @@ class NodeFabric:
             left_out=dict(data.get("left_out") or {}),
             gid_types=dict(data.get("gid_types") or {}),
             rail_gpu=dict(data.get("rail_gpu") or {}),
+            capability=dict(data.get("capability") or {}),
+            far_rails=dict(data.get("far_rails") or {}),
+            problems=list(data.get("problems") or []),
+            invisible=list(data.get("invisible") or []),
         )
 
 
@@ -191,7 +208,17 @@ def from_links(links: Mapping[str, Any]) -> NodeFabric | None:
 
 
 # What the fabric reader adds, by the name NodeFabric gives it (the probe's key is "ib." + it).
-_TOPOLOGY = ("derived_rails", "derived", "left_out", "gid_types", "rail_gpu")
+_TOPOLOGY = (
+    "derived_rails",
+    "derived",
+    "left_out",
+    "gid_types",
+    "rail_gpu",
+    "capability",
+    "far_rails",
+    "problems",
+    "invisible",
+)
 
 
 def _from_keys(links: Mapping[str, Any]) -> NodeFabric:
@@ -239,15 +266,19 @@ def _port_words(p: net.Port) -> str:
 
 
 def rail_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
-    """Rails that are not ACTIVE (problems, with the likely cause) and the other ports, which
-    are reported, not judged (notes)."""
+    """Rails that are not ACTIVE (problems, with the likely cause), rails whose readings are
+    missing, rails placed far from their GPU, RDMA adapters with no RDMA device, and the other
+    ports, which are reported, not judged (notes)."""
     rails = node.rails
     chosen = node.chosen_by
-    problems = [
+    problems = [f"RDMA adapter {a}" for a in node.invisible]
+    problems += [
         f"rail {_port_words(p)}: {STATE_CAUSES.get(p.state, 'not usable by NCCL')}"
         for p in rails
         if not p.active
     ]
+    problems += unread_problems(node)
+    problems += [f"rail {hca} is {why}" for hca, why in sorted(node.far_rails.items())]
     others = [p for p in node.ports if p not in rails]
     notes = [
         f"not a rail ({chosen}): {_port_words(p)}"
@@ -260,13 +291,119 @@ def rail_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
     return problems, notes
 
 
+# The readings of a port that a rail must answer (sysfs ports/N/<file>), by Port field.
+PORT_READINGS = {
+    "state": "state",
+    "phys_state": "physical state",
+    "link_layer": "link layer",
+    "rate": "rate",
+}
+
+
+def judged_ports(node: NodeFabric) -> list[net.Port]:
+    """The rails, and the derivation's rails that NCCL_IB_HCA's syntax drops for a missing
+    reading (a port whose link layer cannot be read is neither InfiniBand nor Ethernet)."""
+    rails = node.rails
+    wanted = set(node.derived_rails or ())
+    return rails + [p for p in node.ports if f"{p.device}:{p.port}" in wanted and p not in rails]
+
+
+def unread_problems(node: NodeFabric) -> list[str]:
+    """A rail whose state, physical state, link layer or rate cannot be read FAILs naming the
+    reading: a missing answer is not a pass."""
+    found = []
+    for p in judged_ports(node):
+        missing = [said for key, said in PORT_READINGS.items() if not getattr(p, key)]
+        if p.rate and net.rate_gbits(p.rate) is None:
+            missing.append(f"rate ({p.rate!r} is not a rate)")
+        if missing:
+            found.append(
+                f"rail {p.device}:{p.port}: its {', '.join(missing)} could not be read"
+                f" ({net.RDMA_CLASS}/{p.device}/ports/{p.port}/)"
+            )
+    return found
+
+
+def _majority(values: Sequence[float]) -> float | None:
+    """The value most rails share (a tie goes to the higher)."""
+    if not values:
+        return None
+    return max(set(values), key=lambda v: (values.count(v), v))
+
+
+def expected_rate(
+    node: NodeFabric, hca: str, peers_gbps: float | None, peers_said: str
+) -> tuple[float | None, str]:
+    """What a rail should run at (Gb/s) and why: the higher of what its card carries a port
+    (``capability``, the floor's adapter table) and the rate most of its peers run at. Never
+    the rail's own rate: a degraded rail must not lower its own bar."""
+    cap = node.capability.get(hca, {})
+    known = []
+    if cap.get("gbps"):
+        known.append(
+            (float(cap["gbps"]), f"its card, {cap.get('card')}, carries {cap['gbps']} Gb/s")
+        )
+    if peers_gbps:
+        known.append((peers_gbps, peers_said))
+    if not known:
+        return None, ""
+    best = max(v for v, _ in known)
+    return best, "; ".join(why for v, why in known if v == best)
+
+
+def rate_problems(node: NodeFabric, across_gbps: float | None = None) -> list[str]:
+    """Every ACTIVE rail whose rate is below what it should carry (``expected_rate``: its card's
+    capability and the majority of its peers on the node, and across nodes where
+    ``across_gbps`` is given), or whose width is narrower than its peers' (down-trained),
+    FAILs naming the rail, its rate and what it should be."""
+    active = [p for p in node.active_rails if net.rate_gbits(p.rate) is not None]
+    rates = [net.rate_gbits(p.rate) or 0.0 for p in active]
+    widths = [w for p in active if (w := net.rate_width(p.rate))]
+    peers = _majority(rates)
+    width = _majority([float(w) for w in widths])
+    said = (
+        f"{rates.count(peers)} of {len(rates)} rails on the node run at {peers:g} Gb/s"
+        if peers is not None
+        else ""
+    )
+    found = []
+    for p, rate in zip(active, rates, strict=True):
+        hca = f"{p.device}:{p.port}"
+        want, why = expected_rate(node, hca, peers, said)
+        if across_gbps and (want is None or across_gbps > want):
+            want, why = across_gbps, f"the rails of the other nodes run at {across_gbps:g} Gb/s"
+        if want is not None and rate < want:
+            found.append(f"rail {hca} runs at {p.rate}, below {want:g} Gb/s ({why})")
+        w = net.rate_width(p.rate)
+        if w and width and w < width:
+            found.append(
+                f"rail {hca} trained at width {w}X, its peers at {width:g}X (down-trained)"
+            )
+    return found
+
+
+def node_gdr_problems(node: NodeFabric, required: bool = True) -> list[str]:
+    """On the node: GPUs with a rail (``rail_gpu``, the GPU nearest each rail) and GPUDirect
+    RDMA off (no nvidia_peermem, no dma-buf) FAIL naming those GPUs, unless GPUDirect RDMA is
+    not required (thresholds' ``fabric.gdr_required``)."""
+    gpus = sorted(set(node.rail_gpu.values()))
+    if not required or not gpus or node.gdr.peermem is not False or node.gdr.dmabuf:
+        return []
+    return [
+        f"GPUDirect RDMA is off for GPU(s) {', '.join(map(str, gpus))}, which have a rail:"
+        " nvidia_peermem is not loaded (modprobe nvidia-peermem) and no dma-buf (the open NVIDIA"
+        " kernel module on Linux >= 5.12): NCCL stages every transfer through host memory"
+    ]
+
+
 def derivation_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
     """The settings in force held against the fabric's GID tables and the role's derivation:
     a ``NCCL_IB_GID_INDEX`` that is not a RoCE v2 entry on a RoCE rail FAILs naming the entry
     (NCCL then speaks RoCE v1 or an IPv6 link-local GID to peers that speak v2: the connection
     times out); ``NCCL_IB_HCA`` naming a port the derivation left out (a storage or management
     port) FAILs with why it was left out; any other difference is a note (an override)."""
-    problems, notes = [], []
+    problems, notes = [f"{p} (RoCE v2 is what NCCL speaks across subnets)" if "RoCE v2" in p
+                       else p for p in node.problems], []  # fmt: skip
     gid = node.settings.get("NCCL_IB_GID_INDEX")
     roce = [f"{p.device}:{p.port}" for p in node.rails if p.link_layer == "Ethernet"]
     if gid is not None and roce:
@@ -349,17 +486,21 @@ def counter_problems(
 def fallback_problems(nodes: Mapping[str, NodeFabric], t: nccl_log.Transports) -> list[str]:
     """Across nodes: when any node has IB/RoCE rails, NET/Socket is a fallback, named with its
     likely cause on every node that has rails."""
-    with_rails = {n: f for n, f in nodes.items() if f.rails}
+    with_rails = {n: f for n, f in nodes.items() if f.rails or f.invisible}
     if not with_rails or nccl_log.NET_SOCKET not in t.families:
         return []
     causes = []
     for name, f in sorted(with_rails.items()):
         down = [p for p in f.rails if not p.active]
+        if f.invisible:
+            causes += [f"{name}: RDMA adapter {a}" for a in f.invisible]
         if down:
             causes += [
                 f"{name}: rail {_port_words(p)}: {STATE_CAUSES.get(p.state, 'not usable')}"
                 for p in down
             ]
+        elif f.invisible:
+            pass
         elif f.verbs is None:
             causes.append(f"{name}: libibverbs.so.1 not found (install rdma-core / libibverbs1)")
         elif (f.loaded and f.loaded.settings.get("NCCL_IB_DISABLE", "0") != "0") or (
@@ -374,7 +515,7 @@ def fallback_problems(nodes: Mapping[str, NodeFabric], t: nccl_log.Transports) -
     return [
         f"NCCL fell back to TCP sockets across nodes ({t.summary()}) although"
         f" {', '.join(sorted(with_rails))} ha{'s' if len(with_rails) == 1 else 've'}"
-        f" InfiniBand/RoCE rails; likely cause: {'; '.join(causes)}"
+        f" InfiniBand/RoCE rails or adapters; likely cause: {'; '.join(causes)}"
     ]
 
 
@@ -398,19 +539,52 @@ def rail_use_problems(
     return found
 
 
+def across_rate(nodes: Mapping[str, NodeFabric]) -> float | None:
+    """The rate (Gb/s) most ACTIVE rails of all the nodes run at: the bar across nodes."""
+    rates = [
+        r
+        for f in nodes.values()
+        for p in f.active_rails
+        if (r := net.rate_gbits(p.rate)) is not None
+    ]
+    return _majority(rates)
+
+
+def rate_problems_across(nodes: Mapping[str, NodeFabric]) -> list[str]:
+    """Across nodes: every node's rails against their card, their peers on the node and the
+    majority of the rails of all nodes (``rate_problems``), named by node."""
+    bar = across_rate(nodes) if len(nodes) > 1 else None
+    return [f"{name}: {p}" for name, f in sorted(nodes.items()) for p in rate_problems(f, bar)]
+
+
+def _expected_gbytes(f: NodeFabric, device: str, bar: float | None) -> float | None:
+    """What a rail NCCL used should carry, in GB/s: its expected rate (card, peers, the nodes'
+    majority), never below its own rate; None when nothing says."""
+    port = next((p for p in f.ports if f"{p.device}:{p.port}" == device), None)
+    if port is None:
+        return None
+    rates = [net.rate_gbits(p.rate) or 0.0 for p in f.active_rails]
+    peers = _majority([r for r in rates if r])
+    want, _ = expected_rate(f, device, peers, "")
+    known = [v for v in (want, bar, net.rate_gbits(port.rate)) if v]
+    return max(known) / 8.0 if known else None
+
+
 def rails_floor(
     nodes: Mapping[str, NodeFabric], used: Mapping[str, nccl_log.Transports]
 ) -> tuple[float | None, str]:
     """The cross-node busbw floor from the rails NCCL used:
-    ``NET_EFFICIENCY[NET/IB] x min over nodes (sum of the rates of the rails NCCL used there)``.
-    None (and why) where a node's rails or their rates are unknown."""
+    ``NET_EFFICIENCY[NET/IB] x min over nodes (sum of the expected rates of the rails NCCL used
+    there)``; a rail's expected rate is what its card and its peers say it should carry
+    (``expected_rate``) and the majority across nodes, never the degraded rate it reads. None
+    (and why) where a node's rails or their rates are unknown."""
     sums = {}
+    bar = across_rate(nodes)
     for name, f in nodes.items():
         t = used.get(name)
         if t is None or not t.net_used:
             return None, f"{name}: NCCL's log names no NET device its channels used"
-        by_name = {f"{p.device}:{p.port}": p for p in f.ports}
-        rates = [by_name[d].rate_gbytes if d in by_name else None for d in t.used_devices()]
+        rates = [_expected_gbytes(f, d, bar) for d in t.used_devices()]
         if not rates or any(r is None for r in rates):
             return None, f"{name}: no rate for the rail(s) {', '.join(t.used_devices())}"
         sums[name] = sum(r for r in rates if r is not None)
@@ -445,21 +619,44 @@ GDR_CHANNEL = "/GDRDMA"
 
 
 def gdr_problems(name: str, node: NodeFabric, t: nccl_log.Transports, has_gpu: bool) -> list[str]:
-    """Where a node's GPUs talk over IB/RoCE, NCCL must use GPUDirect RDMA (``/GDRDMA`` on its
-    channel lines); else FAIL naming why, from what is known."""
-    if not has_gpu or nccl_log.NET_IB not in t.families or t.gdrdma:
+    """Where a node's GPUs talk over IB/RoCE, NCCL must use GPUDirect RDMA (``/GDRDMA``) on
+    every channel of every GPU that has one (a GPU with a rail): a GPU whose IB/RoCE channels
+    go without it FAILs, named, even while the others use it; else FAIL naming why, from what
+    is known."""
+    if not has_gpu or nccl_log.NET_IB not in t.families:
         return []
+    plain = sorted((g for g, (_, off) in t.ib_gpus.items() if off), key=_gpu_order)
+    if t.gdrdma and plain:
+        with_it = sorted((g for g, (on, _) in t.ib_gpus.items() if on), key=_gpu_order)
+        return [
+            f"{name}: GPU(s) {', '.join(plain)} send over IB/RoCE without GPUDirect RDMA"
+            f" (channels without {GDR_CHANNEL}; with it: {', '.join(with_it) or 'none'}):"
+            f" {'; '.join(_gdr_causes(node, t))}"
+        ]
+    if t.gdrdma:
+        return []
+    why = "; ".join(_gdr_causes(node, t))
+    return [f"{name}: NCCL's channels over IB/RoCE show no {GDR_CHANNEL}: {why}"]
+
+
+def _gpu_order(gpu: str) -> tuple[int, str]:
+    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+
+
+def _gdr_causes(node: NodeFabric, t: nccl_log.Transports) -> list[str]:
+    """Why GPUDirect RDMA is off, from NCCL's own lines and the fabric reader's facts."""
     why = [line for line in t.gdr_lines if "Disabled" in line][:2]
     if node.gdr.peermem is False and not node.gdr.dmabuf:
         why.append("nvidia_peermem is not loaded (modprobe nvidia-peermem) and no dma-buf")
     why += [f"ACS redirect on {b} (peer-to-peer goes through the root complex)"
             for b in node.gdr.acs_bridges]  # fmt: skip
     why += [f"GPU and NIC far apart: {p}" for p in node.gdr.far_pairs]
+    why += [f"rail {hca} is {far}" for hca, far in sorted(node.far_rails.items())]
     if not why:
         why.append(
             "cause not read here: look at NCCL_NET_GDR_LEVEL, the GPU-NIC PCI distance and ACS"
         )
-    return [f"{name}: NCCL's channels over IB/RoCE show no {GDR_CHANNEL}: {'; '.join(why)}"]
+    return why
 
 
 # ---------------------------------------------------------------- perftest (ib_write_bw)
@@ -548,7 +745,9 @@ def judge(
     facts = NodeFabric.from_dict(payloads[0])
     found, notes = rail_problems(facts)
     more, said = settings_problems(facts)
-    found += more + counter_problems(facts.before, facts.after)
+    found += rate_problems(facts) + more + counter_problems(facts.before, facts.after)
+    required = bool(ctx.thresholds.get("fabric", {}).get("gdr_required", True))
+    found += node_gdr_problems(facts, required)
     notes += said
     rails = facts.rails
     ms = [

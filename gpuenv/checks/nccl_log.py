@@ -25,6 +25,9 @@ from typing import Any
 from gpuenv.floor import net
 
 VERSION_RE = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
+# The local GPU of a channel line: the sender's on [send], the receiver's on [receive] (NCCL
+# prints rank[device], the device a CUDA index or, in older releases, the GPU's bus id).
+SIDE_RE = re.compile(r"Channel \d+/\d+ : \d+\[([^\]]*)\] -> \d+\[([^\]]*)\] \[(send|receive)\]")
 VIA_RE = re.compile(r"Channel \d+/\d+ : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\].*? via (\S+)")
 # "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE [RO]; OOB ib0:10.0.0.1<0>": NCCL's NET devices,
 # by the index its channel lines use ("via NET/IB/1", "via NET/IB/1(9)/GDRDMA" with PXN).
@@ -82,6 +85,8 @@ class Transports:
     net_devices: dict[str, str] = field(default_factory=dict)  # "0" -> "mlx5_0:1/IB"
     net_used: list[int] = field(default_factory=list)  # NET device indexes channels went over
     gdr_lines: list[str] = field(default_factory=list)  # NCCL's GPU Direct RDMA verdicts
+    # local GPU (as NCCL names it) -> [NET/IB channels with GPUDirect RDMA, without]
+    ib_gpus: dict[str, list[int]] = field(default_factory=dict)
     settings: dict[str, str] = field(default_factory=dict)  # NCCL_X -> value NCCL loaded
 
     def used_devices(self) -> list[str]:
@@ -109,6 +114,7 @@ class Transports:
             "net_devices": dict(self.net_devices),
             "net_used": list(self.net_used),
             "gdr_lines": list(self.gdr_lines),
+            "ib_gpus": {k: list(v) for k, v in self.ib_gpus.items()},
             "settings": dict(self.settings),
         }
 
@@ -152,6 +158,11 @@ def parse(lines: Iterable[str]) -> Transports:
         out.families[fam] = out.families.get(fam, 0) + 1
         if fam == NET_IB and "GDRDMA" in via:
             out.gdrdma = True
+        side = SIDE_RE.search(line)
+        if fam == NET_IB and side:
+            gpu = side.group(1) if side.group(3) == "send" else side.group(2)
+            counts = out.ib_gpus.setdefault(gpu, [0, 0])
+            counts[0 if "GDRDMA" in via else 1] += 1
         index = NET_INDEX_RE.match(via)
         if index and int(index.group(1)) not in out.net_used:
             out.net_used = sorted([*out.net_used, int(index.group(1))])
@@ -180,6 +191,10 @@ def merge(posted: Iterable[Mapping[str, Any]]) -> Transports:
         out.net_devices = out.net_devices or dict(t.get("net_devices", {}))
         out.net_used = sorted({*out.net_used, *(int(i) for i in t.get("net_used", []))})
         out.gdr_lines += [g for g in t.get("gdr_lines", []) if g not in out.gdr_lines]
+        for gpu, (on, off) in dict(t.get("ib_gpus", {})).items():
+            counts = out.ib_gpus.setdefault(gpu, [0, 0])
+            counts[0] += int(on)
+            counts[1] += int(off)
         for key, value in dict(t.get("settings", {})).items():
             out.settings.setdefault(key, value)
     return out

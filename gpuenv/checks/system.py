@@ -164,6 +164,12 @@ def rdma_ports(root: str | os.PathLike[str] | None = None) -> list[str]:
     return [p.name for p in net.rdma_ports(str(root or os.environ.get(ROOT_ENV, "/")))]
 
 
+def rdma_invisible(root: str | os.PathLike[str] | None = None) -> list[str]:
+    """The RDMA-capable network adapters on the PCI bus with no RDMA device, each with its
+    cause (the node floor's rule, gpuenv.floor.fabric.invisible_rdma_adapters)."""
+    return fabric.invisible_rdma_adapters(str(root or os.environ.get(ROOT_ENV, "/")))
+
+
 def nvswitch_state(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The NVSwitches on the bus and Fabric Manager's state (the fabric reader's rule,
     gpuenv.floor.fabric): without Fabric Manager the NVLinks through NVSwitches do not train."""
@@ -180,6 +186,7 @@ def rank_main(rank: RankContext) -> dict[str, Any]:
         "probe": probe(),
         "pci_gpus": pci_gpus(),
         "rdma_ports": rdma_ports(),
+        "rdma_invisible": rdma_invisible(),
         "versions": library_versions(),
         "nvswitch": nvswitch_state(),
     }
@@ -191,8 +198,11 @@ def node_info(payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo:
     info = payload["probe"]
     pci = list(payload.get("pci_gpus") or [])
     rdma = list(payload.get("rdma_ports") or [])
+    hidden = list(payload.get("rdma_invisible") or [])
     if not info.get("available"):
-        return NodeInfo(no_gpu=str(info["reason"]), pci_gpus=pci, rdma_ports=rdma)
+        return NodeInfo(
+            no_gpu=str(info["reason"]), pci_gpus=pci, rdma_ports=rdma, rdma_invisible=hidden
+        )
     gpus = visible(info.get("gpus", []))
     no_gpu = None if gpus else "no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides all)"
     if not info.get("gpus"):
@@ -204,6 +214,7 @@ def node_info(payload: Mapping[str, Any] | None, why: str | None) -> NodeInfo:
         nvml_gpus=len(info.get("gpus", [])),
         visible_spec=os.environ.get("CUDA_VISIBLE_DEVICES"),
         rdma_ports=rdma,
+        rdma_invisible=hidden,
     )
 
 
@@ -378,6 +389,10 @@ def judge(
         )
     elif down := nvlink_problems(ctx, gpus, payload.get("nvswitch")):
         failure = f"NVLink down: {'; '.join(down)} ({summary})"
+    if hidden := list(payload.get("rdma_invisible") or []):
+        said = f"RDMA adapter(s) on the PCI bus with no RDMA device: {'; '.join(hidden)}"
+        failure = f"{failure}; {said}" if failure else f"{said} ({summary})"
+        details["rdma_invisible"] = hidden
     if failure:
         return Result(
             NAME,

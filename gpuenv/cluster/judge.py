@@ -96,6 +96,7 @@ def _fabric_problems(bw: Bandwidth) -> list[str]:
         return ["NCCL's log shows no connection (NCCL_DEBUG=INFO lines missing): transport unknown"]
     found = fabric.fallback_problems(bw.nodes, bw.transports)
     found += fabric.rail_use_problems(bw.nodes, bw.per_node)
+    found += fabric.rate_problems_across(bw.nodes)
     if bw.gdr_required:
         for name, node in sorted(bw.nodes.items()):
             t = bw.per_node.get(name, nccl_log.Transports())

@@ -1,4 +1,11 @@
-"""Class 7: GPUDirect RDMA must be available on every node that has RDMA NICs.
+"""Class 7: GPUDirect RDMA must be available on every node that has RDMA NICs, and every RDMA
+NIC on the PCI bus must be an RDMA device.
+
+An adapter of an RDMA-capable family (ConnectX, BlueField, EFA: the floor's table,
+``gpuenv.floor.fabric.NIC_MODELS``) on the PCI bus with no entry under /sys/class/infiniband
+(its driver not loaded, or no module for the running kernel) is invisible to NCCL, which then
+falls back to TCP sockets: a finding naming the card, its PCI address and the cause
+(``gpuenv.floor.fabric.invisible_rdma_adapters``, the rule ``system`` and ``fabric`` use).
 
 NCCL moves GPU buffers straight to the NIC when the NIC driver can map GPU memory: either
 through the ``nvidia_peermem`` module (any driver flavour) or through dma-buf (the open
@@ -30,28 +37,54 @@ def rdma_mode(system: System) -> tuple[str, list[str]]:
     return found.mode, [f"GPUDirect RDMA {found.mode}: {found.why}"]
 
 
+def invisible_finding(hidden: list[str]) -> Finding:
+    """The finding for RDMA adapters that have no RDMA device."""
+    return Finding(
+        7,
+        f"{len(hidden)} RDMA adapter(s) on the PCI bus with no RDMA device",
+        "NCCL sees no InfiniBand/RoCE port for them and falls back to TCP sockets over the"
+        " management network: the whole job runs at its speed",
+        tuple(hidden),
+        (
+            "load the module the evidence names (modprobe mlx5_ib; for mlx5_core: modprobe"
+            " mlx5_core), and make it load at boot (/etc/modules-load.d/)",
+            "no module for the running kernel: install the kernel's extra modules"
+            " (linux-modules-extra-$(uname -r)) or DOCA-OFED built for it",
+            "ibv_devices; ls /sys/class/infiniband",
+        ),
+    )
+
+
 def gpudirect_rdma(system: System) -> ClassReading:
     hcas = net.rdma_devices(str(system.root))
-    if not hcas:
+    hidden = fabric.invisible_rdma_adapters(str(system.root))
+    if not hcas and not hidden:
         # a fact for the comparison: on a cluster whose other nodes have RDMA, it is a fault
         return skipped(7, "no RDMA device (/sys/class/infiniband is empty)", mode="no-device")
     if not pci.gpus(system):
         return skipped(7, "no NVIDIA GPU on the PCI bus")
-    if loaded_module(system) is None:
-        return skipped(7, "no NVIDIA kernel module loaded")
-    mode, evidence = rdma_mode(system)
-    reading = ClassReading(7, facts={"mode": mode, "rdma_devices": hcas})
-    if mode == fabric.GDR_OFF:
-        reading.findings.append(
-            Finding(
-                7,
-                "GPUDirect RDMA is off (no nvidia_peermem, no dma-buf)",
-                "NCCL stages every inter-node transfer through host memory: lower bandwidth, "
-                "more CPU load",
-                (f"RDMA devices: {', '.join(hcas)}", *evidence),
-                _FIXES,
+    if not hcas:
+        reading = ClassReading(7, facts={"mode": "no-device", "rdma_devices": hcas})
+    elif loaded_module(system) is None:
+        reading = ClassReading(7, skip="no NVIDIA kernel module loaded")
+    else:
+        mode, evidence = rdma_mode(system)
+        reading = ClassReading(7, facts={"mode": mode, "rdma_devices": hcas})
+        if mode == fabric.GDR_OFF:
+            reading.findings.append(
+                Finding(
+                    7,
+                    "GPUDirect RDMA is off (no nvidia_peermem, no dma-buf)",
+                    "NCCL stages every inter-node transfer through host memory: lower"
+                    " bandwidth, more CPU load",
+                    (f"RDMA devices: {', '.join(hcas)}", *evidence),
+                    _FIXES,
+                )
             )
-        )
+    if hidden:
+        reading.skip = ""
+        reading.facts["invisible"] = hidden
+        reading.findings.insert(0, invisible_finding(hidden))
     return reading
 
 

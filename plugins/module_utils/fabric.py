@@ -61,6 +61,185 @@ ROCE_V2 = "RoCE v2"
 _IPV4_MAPPED = re.compile(r"^0000:0000:0000:0000:0000:ffff:[0-9a-f]{4}:[0-9a-f]{4}$")
 _ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 _NVIDIA_VERSION = "/proc/driver/nvidia/version"
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+# ---------------------------------------------------------------- RDMA-capable network adapters
+
+MELLANOX_VENDOR = 0x15B3
+AMAZON_VENDOR = 0x1D0F
+# PCI class >> 8 of a network adapter: Ethernet, InfiniBand (pci.ids, class 02).
+NETWORK_CLASSES = (0x0200, 0x0207)
+
+
+@dataclass(frozen=True)
+class NicModel:
+    """An RDMA-capable adapter family: its name, the line rate its ASIC gives in all (Gb/s; None
+    where it is not a property of the chip, as for a virtual function), and the kernel modules
+    that drive it (``core`` binds the PCI function, ``rdma`` makes the /sys/class/infiniband
+    device)."""
+
+    name: str
+    gbps: int | None
+    core: str
+    rdma: str
+
+
+_MLX5 = ("mlx5_core", "mlx5_ib")
+_MLX4 = ("mlx4_core", "mlx4_ib")
+# Mellanox/NVIDIA: every network function of vendor 0x15b3 since ConnectX-3 is an RDMA adapter
+# (mlx4/mlx5); the rates are the product briefs' maxima (ConnectX-3 56 Gb/s FDR, ConnectX-4/5
+# 100 Gb/s EDR, ConnectX-6 200 Gb/s HDR, ConnectX-7 400 Gb/s NDR, ConnectX-8 800 Gb/s XDR; the
+# Lx parts 50 Gb/s; BlueField-2 200, BlueField-3 400), ids from pci.ids. AWS EFA: the ids of the
+# kernel's efa driver (drivers/infiniband/hw/efa/efa_main.c, EFA_DEV_ID...).
+NIC_MODELS: dict[tuple[int, int], NicModel] = {
+    (MELLANOX_VENDOR, 0x1003): NicModel("ConnectX-3", 56, *_MLX4),
+    (MELLANOX_VENDOR, 0x1007): NicModel("ConnectX-3 Pro", 56, *_MLX4),
+    (MELLANOX_VENDOR, 0x1013): NicModel("ConnectX-4", 100, *_MLX5),
+    (MELLANOX_VENDOR, 0x1015): NicModel("ConnectX-4 Lx", 50, *_MLX5),
+    (MELLANOX_VENDOR, 0x1017): NicModel("ConnectX-5", 100, *_MLX5),
+    (MELLANOX_VENDOR, 0x1019): NicModel("ConnectX-5 Ex", 100, *_MLX5),
+    (MELLANOX_VENDOR, 0x101B): NicModel("ConnectX-6", 200, *_MLX5),
+    (MELLANOX_VENDOR, 0x101D): NicModel("ConnectX-6 Dx", 200, *_MLX5),
+    (MELLANOX_VENDOR, 0x101F): NicModel("ConnectX-6 Lx", 50, *_MLX5),
+    (MELLANOX_VENDOR, 0x1021): NicModel("ConnectX-7", 400, *_MLX5),
+    (MELLANOX_VENDOR, 0x1023): NicModel("ConnectX-8", 800, *_MLX5),
+    (MELLANOX_VENDOR, 0xA2D6): NicModel("BlueField-2", 200, *_MLX5),
+    (MELLANOX_VENDOR, 0xA2DC): NicModel("BlueField-3", 400, *_MLX5),
+    (MELLANOX_VENDOR, 0x1016): NicModel("ConnectX-4 Lx virtual function", None, *_MLX5),
+    (MELLANOX_VENDOR, 0x1018): NicModel("ConnectX-5 virtual function", None, *_MLX5),
+    (MELLANOX_VENDOR, 0x101A): NicModel("ConnectX-5 Ex virtual function", None, *_MLX5),
+    (MELLANOX_VENDOR, 0x101C): NicModel("ConnectX-6 virtual function", None, *_MLX5),
+    (MELLANOX_VENDOR, 0x101E): NicModel("ConnectX family virtual function", None, *_MLX5),
+    (AMAZON_VENDOR, 0xEFA0): NicModel("Elastic Fabric Adapter", None, "efa", "efa"),
+    (AMAZON_VENDOR, 0xEFA1): NicModel("Elastic Fabric Adapter", None, "efa", "efa"),
+    (AMAZON_VENDOR, 0xEFA2): NicModel("Elastic Fabric Adapter", None, "efa", "efa"),
+}
+
+
+def nic_model(dev: Device) -> NicModel | None:
+    """The RDMA-capable family of a PCI function; None when it is not one (any other network
+    function of vendor 0x15b3 is an mlx5 part the table does not name yet)."""
+    if dev.pci_class >> 8 not in NETWORK_CLASSES:
+        return None
+    known = NIC_MODELS.get((dev.vendor, dev.device))
+    if known is None and dev.vendor == MELLANOX_VENDOR:
+        return NicModel(f"Mellanox/NVIDIA device {dev.id}", None, *_MLX5)
+    return known
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """An RDMA-capable network function on the PCI bus and what the kernel made of it."""
+
+    bdf: str
+    id: str  # 15b3:1021
+    model: str  # ConnectX-7
+    port_gbps: int | None  # what one of its ports can carry: the chip's rate over its ports
+    driver: str  # the bound driver ("" when none)
+    rdma_devices: tuple[str, ...]  # its /sys/class/infiniband devices
+    netdevs: tuple[str, ...]
+    numa_node: int | None
+    pci_path: tuple[str, ...]
+    management: bool  # it carries the default route (plain Ethernet is its job)
+    cause: str  # why it has no RDMA device ("" when it has one)
+
+    @property
+    def name(self) -> str:
+        """``ConnectX-7 (15b3:1021) at 0000:18:00.0``."""
+        return f"{self.model} ({self.id}) at {self.bdf}"
+
+    @property
+    def invisible(self) -> bool:
+        """On the bus, of an RDMA family, yet no RDMA device: NCCL cannot use it."""
+        return not self.rdma_devices and not self.management
+
+
+def _module_built(root: str, kernel: str, module: str) -> bool:
+    """Whether the running kernel has ``module``: its modules.dep or modules.builtin lists it."""
+    pattern = re.compile(rf"(^|/){re.escape(module)}\.ko(\.\w+)?(:|$)", re.MULTILINE)
+    for name in ("modules.dep", "modules.builtin"):
+        text = read_under(root, f"/lib/modules/{kernel}/{name}") if kernel else None
+        if text and pattern.search(text):
+            return True
+    return False
+
+
+def rdma_function(root: str, device: str) -> str:
+    """The PCI function of an RDMA device: its ``device`` link, else the folder its class entry
+    lies in (``/sys/devices/.../0000:18:00.0/infiniband/mlx5_0``)."""
+    linked = os.path.basename(resolve_under(root, f"{RDMA_CLASS}/{device}/device"))
+    if _BDF.match(linked):
+        return linked
+    parts = resolve_under(root, f"{RDMA_CLASS}/{device}").split("/")
+    return parts[-3] if len(parts) >= 3 and parts[-2] == "infiniband" else linked
+
+
+def adapter_cause(root: str, model: NicModel, driver: str, kernel: str) -> str:
+    """Why an RDMA-capable function has no RDMA device, from the bound driver and the modules."""
+    where = f"Linux {kernel or '?'}"
+    if not driver:
+        if not _module_built(root, kernel, model.core):
+            return f"no driver bound: the running kernel ({where}) has no {model.core} module"
+        return f"no driver bound: {model.core} is not loaded (modprobe {model.core})"
+    if module_loaded(root, model.rdma):
+        return f"{model.rdma} is loaded but made no RDMA device for it (dmesg | grep {driver})"
+    if not _module_built(root, kernel, model.rdma):
+        return (
+            f"{driver} drives it but the running kernel ({where}) has no {model.rdma} module"
+            " (install the kernel's extra modules or DOCA-OFED for this kernel)"
+        )
+    return f"{driver} drives it but {model.rdma} is not loaded (modprobe {model.rdma})"
+
+
+def adapters(root: str, everything: list[Device] | None = None) -> tuple[Adapter, ...]:
+    """Every RDMA-capable network function on the PCI bus (``nic_model``), with its RDMA
+    devices; a function without one carries the cause (``adapter_cause``). Its port rate is the
+    chip's rate shared over the card's physical functions (a dual-port ConnectX-7 gives 200 Gb/s
+    a port): a bar never above what the card can carry."""
+    found = devices(root) if everything is None else everything
+    kernel = (read_under(root, "/proc/sys/kernel/osrelease") or "").strip()
+    by_function: dict[str, list[str]] = {}
+    for name in _listdir(root, RDMA_CLASS):
+        by_function.setdefault(rdma_function(root, name), []).append(name)
+    default = default_route_interface(root) or ""
+    models = [(d, m) for d in found or [] if (m := nic_model(d)) is not None]
+    out = []
+    for dev, model in models:
+        card = [d for d, _ in models if d.bdf[:-1] == dev.bdf[:-1] and d.device == dev.device]
+        share = None if model.gbps is None else model.gbps // max(1, len(card))
+        rdma = tuple(by_function.get(dev.bdf, ()))
+        netdevs = tuple(_listdir(root, f"/sys/bus/pci/devices/{dev.bdf}/net"))
+        management = not rdma and bool(default) and default in netdevs
+        cause = "" if rdma or management else adapter_cause(root, model, dev.driver, kernel)
+        out.append(
+            Adapter(
+                dev.bdf,
+                dev.id,
+                model.name,
+                share,
+                dev.driver,
+                rdma,
+                netdevs,
+                numa_node(root, dev.bdf),
+                dev.bridges,
+                management,
+                cause,
+            )
+        )
+    return tuple(out)
+
+
+def invisible_rdma_adapters(root: str) -> list[str]:
+    """The RDMA-capable adapters on the PCI bus that have no RDMA device, each named with its
+    cause (``ConnectX-7 (15b3:1021) at 0000:18:00.0: no RDMA device: mlx5_core drives it but
+    mlx5_ib is not loaded (modprobe mlx5_ib)``); the one carrying the default route is left
+    out (a management port has no RDMA to give). Empty when every one is visible. The one rule
+    for the fabric check, ``system``, the doctor and ``gpuenv health``."""
+    return invisible_named(adapters(root))
+
+
+def invisible_named(found: tuple[Adapter, ...]) -> list[str]:
+    return [f"{a.name}: no RDMA device: {a.cause}" for a in found if a.invisible]
 
 
 @dataclass(frozen=True)
@@ -149,6 +328,7 @@ class Fabric:
     gdr: Gdr
     default_interface: str
     cuda_visible_devices: str | None
+    adapters: tuple[Adapter, ...] = ()  # the RDMA-capable network functions on the bus
 
     def relation(self, gpu: str, port: str) -> str:
         for a in self.affinity:
@@ -176,6 +356,7 @@ class NcclSettings:
     socket_ifname: str
     rails: tuple[str, ...]
     left_out: dict[str, str] = field(default_factory=dict)  # port -> why it is not a rail
+    far: dict[str, str] = field(default_factory=dict)  # rail -> the GPUs it is placed far from
     origin: dict[str, str] = field(default_factory=dict)  # setting -> "derived" or "override"
     problems: tuple[str, ...] = ()
 
@@ -418,36 +599,89 @@ def read(
         gdr(root),
         default_route_interface(root) or "",
         cuda_visible_devices,
+        adapters(root, everything),
     )
 
 
-def rails(fabric: Fabric) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The ports that are rails, and why each other port is not.
+@dataclass(frozen=True)
+class RailChoice:
+    chosen: tuple[str, ...]
+    left_out: dict[str, str]
+    far: dict[str, str]  # rail -> why it is a rail placed far from its GPU
 
-    A rail is an InfiniBand or RoCE port, not administratively disabled, whose device sits next
-    to a GPU. Next to: where any port shares a PCIe switch with a GPU (the HGX/DGX design, one
-    NIC under each GPU's switch), only ports that share a PCIe switch with a GPU; on a node where
-    none does, ports on a GPU's NUMA node. A port in INIT or DOWN stays a rail: NCCL skips it, and
-    the verdict names it. Storage and management ports hang off root ports without a GPU beside
-    them: they are never rails.
+
+def _kind(fabric: Fabric, port: RdmaPort) -> tuple[str, str]:
+    """What makes ports peers: link layer and rate (a storage port differs in one or both)."""
+    return port.link_layer, port.rate
+
+
+def choose_rails(fabric: Fabric) -> RailChoice:
+    """The ports that are rails, why each other port is not, and the rails placed far.
+
+    A rail is an InfiniBand or RoCE port (or one whose link layer cannot be read), not
+    administratively disabled, whose device sits next to a GPU. Next to: where any port shares a
+    PCIe switch with a GPU (the HGX/DGX design, one NIC under each GPU's switch), only ports
+    that share a PCIe switch with a GPU; on a node where none does, ports on a GPU's NUMA node.
+    A port in INIT or DOWN stays a rail: NCCL skips it, and the verdict names it. On a switched
+    node a port outside every GPU's switch is a rail placed far (``far``) when a GPU has no rail
+    under its switch and the port is a peer of the rails (same link layer and rate, same card
+    model where both are known): a compute NIC in the wrong slot, named as such. Other ports
+    hang off root ports without a GPU beside them: storage or management, never rails.
     """
     if not fabric.gpus:
-        return (), {p.hca: "no GPU on the node" for p in fabric.ports}
+        return RailChoice((), {p.hca: "no GPU on the node" for p in fabric.ports}, {})
     switched = any(a.relation == PCIE_SWITCH for a in fabric.affinity)
     wanted = (PCIE_SWITCH,) if switched else (PCIE_SWITCH, SAME_NUMA)
-    chosen, left_out = [], {}
+    chosen: list[str] = []
+    left_out: dict[str, str] = {}
+    far: dict[str, str] = {}
+    away = []
     for port in fabric.ports:
         near = [a.gpu for a in fabric.affinity if a.port == port.hca and a.relation in wanted]
-        if port.link_layer not in ("InfiniBand", "Ethernet"):
-            left_out[port.hca] = f"link layer {port.link_layer or 'unknown'}"
+        if port.link_layer not in ("InfiniBand", "Ethernet", ""):
+            left_out[port.hca] = f"link layer {port.link_layer}"
         elif port.phys_state == "Disabled":
             left_out[port.hca] = "physical state Disabled"
         elif not near:
-            where = "shares no PCIe switch with a GPU" if switched else "on no GPU's NUMA node"
-            left_out[port.hca] = f"{where} (storage or management)"
+            away.append(port)
         else:
             chosen.append(port.hca)
-    return tuple(sorted(chosen, key=_natural)), left_out
+    by_hca = {p.hca: p for p in fabric.ports}
+    model = {a.bdf: a.id for a in fabric.adapters}
+    kinds = [_kind(fabric, by_hca[h]) for h in chosen]
+    common = max(set(kinds), key=kinds.count) if kinds else None
+    models = {model.get(by_hca[h].bdf, "") for h in chosen} - {""}
+    index = {g.bdf: i for i, g in enumerate(fabric.gpus)}
+    for port in away:
+        lonely = [
+            g for g in fabric.gpus
+            if not any(fabric.relation(g.bdf, h) == PCIE_SWITCH for h in chosen)
+        ]  # fmt: skip
+        mine = model.get(port.bdf, "")
+        peer = _kind(fabric, port) == common and (not mine or not models or mine in models)
+        if switched and lonely and peer:
+            chosen.append(port.hca)
+            gpus = ", ".join(f"GPU{index[g.bdf]} ({g.bdf})" for g in lonely)
+            relation = (
+                "same NUMA node"
+                if any(fabric.relation(g.bdf, port.hca) == SAME_NUMA for g in lonely)
+                else "another NUMA node"
+            )
+            far[port.hca] = (
+                f"a compute NIC placed far from {gpus}: it shares no PCIe switch with"
+                f" {'it' if len(lonely) == 1 else 'them'} ({relation}); GPUDirect RDMA crosses"
+                " the root complex: move the card into the slot under that GPU's PCIe switch"
+            )
+        else:
+            where = "shares no PCIe switch with a GPU" if switched else "on no GPU's NUMA node"
+            left_out[port.hca] = f"{where} (storage or management)"
+    return RailChoice(tuple(sorted(chosen, key=_natural)), left_out, far)
+
+
+def rails(fabric: Fabric) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The ports that are rails, and why each other port is not (``choose_rails``)."""
+    choice = choose_rails(fabric)
+    return choice.chosen, choice.left_out
 
 
 _NEARNESS = {PCIE_SWITCH: 0, SAME_NUMA: 1, NO_AFFINITY: 2}
@@ -508,7 +742,8 @@ def derive(fabric: Fabric, overrides: Mapping[str, object] | None = None) -> Ncc
     """The NCCL settings for the node; ``overrides`` (ib_hca, gid_index, tc, sl, socket_ifname)
     replace the derived value of each key they hold with a value other than None or ""."""
     given = {k: v for k, v in (overrides or {}).items() if v is not None and v != ""}
-    chosen, left_out = rails(fabric)
+    choice = choose_rails(fabric)
+    chosen, left_out = choice.chosen, choice.left_out
     by_name = {p.hca: p for p in fabric.ports}
     index, problems = gid_index([by_name[n] for n in chosen])
     derived: dict[str, object] = {
@@ -528,6 +763,7 @@ def derive(fabric: Fabric, overrides: Mapping[str, object] | None = None) -> Ncc
         socket_ifname=str(value["socket_ifname"]),
         rails=chosen,
         left_out=left_out,
+        far=dict(choice.far),
         origin=origin,
         problems=tuple(problems),
     )
@@ -564,4 +800,19 @@ def topology_links(found: Fabric) -> dict[str, Any]:
         "ib.gid_types": {
             p.hca: {str(g.index): g.type for g in p.gids} for p in found.ports if p.roce
         },
+        "ib.capability": port_capability(found),
+        "ib.far_rails": dict(settings.far),
+        "ib.problems": list(settings.problems),
+        "ib.invisible": invisible_named(found.adapters),
+    }
+
+
+def port_capability(found: Fabric) -> dict[str, dict[str, Any]]:
+    """Per port (``mlx5_0:1``): what its card can carry (``gbps``, Gb/s; None where the model
+    does not say) and the card's name, from the adapter table (``NIC_MODELS``)."""
+    by_bdf = {a.bdf: a for a in found.adapters}
+    return {
+        p.hca: {"gbps": by_bdf[p.bdf].port_gbps, "card": by_bdf[p.bdf].name}
+        for p in found.ports
+        if p.bdf in by_bdf
     }

@@ -21,6 +21,7 @@ from .node import read_under
 RDMA_CLASS = "/sys/class/infiniband"
 NET_CLASS = "/sys/class/net"
 _RATE = re.compile(r"([\d.]+)\s*Gb/sec")
+_WIDTH = re.compile(r"\((\d+)X\b")
 
 
 def _listdir(root: str, path: str) -> list[str]:
@@ -38,6 +39,18 @@ def rate_gbytes(rate_text: str) -> float | None:
     """``200 Gb/sec (4X HDR)`` (sysfs ports/N/rate) -> 25.0 GB/s; junk -> None."""
     found = _RATE.search(rate_text)
     return float(found.group(1)) / 8.0 if found else None
+
+
+def rate_gbits(rate_text: str) -> float | None:
+    """``200 Gb/sec (4X HDR)`` -> 200.0 (Gb/s, as the port states it); junk -> None."""
+    found = _RATE.search(rate_text)
+    return float(found.group(1)) if found else None
+
+
+def rate_width(rate_text: str) -> int | None:
+    """The link width of a port's rate: ``200 Gb/sec (2X NDR)`` -> 2; not said -> None."""
+    found = _WIDTH.search(rate_text)
+    return int(found.group(1)) if found else None
 
 
 def speed_gbytes(speed_text: str) -> float | None:
