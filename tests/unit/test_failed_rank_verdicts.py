@@ -153,3 +153,31 @@ def test_a_node_check_that_named_its_login_setting_is_not_given_the_note_again()
     assert named.reason.count("GLOO_SOCKET_IFNAME") == 1
     assert other.reason.endswith("[login environment: GLOO_SOCKET_IFNAME='nosuch' (set in"
                                  " /etc/profile.d/zz-site.sh)]")  # fmt: skip
+
+
+def test_a_gpu_worker_rank_that_died_shows_nccl_s_warning_and_the_login_setting(
+    tmp_path, monkeypatch
+):
+    from fakechecks import dying, probe
+
+    from gpuenv.checks.base import Context
+    from gpuenv.checks.session import run_checks
+
+    here = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("FAKE_GPUS", "2")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("export NCCL_SOCKET_IFNAME=nosuch\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "nosuch")
+    ctx = Context(node="n1", thresholds={"deadlines_s": {"probe": 20, "dying": 20}})
+    run = run_checks({"probe": probe, "dying": dying}, ctx, ["probe", "dying"])
+    result = next(r for r in run.results if r.check == "dying")
+    assert result.status.failed
+    assert result.reason.startswith(
+        "rank 1: NCCL WARN Bootstrap : no socket interface found;"
+        f" login files set what NCCL reads: NCCL_SOCKET_IFNAME='nosuch' (set in {home}/.bashrc);"
+        " rank 1 exited with exit code 1 during dying"
+    ), result.reason
+    assert "NCCL INFO" not in result.reason
