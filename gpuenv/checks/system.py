@@ -233,7 +233,9 @@ def early_node(ctx: Context) -> NodeInfo | None:
     listed_gpus = [{"index": i, "pci_bus_id": normal_bus_id(b)} for i, b in enumerate(buses)]
     gpus = visible(listed_gpus)
     no_gpu = None if gpus else "no NVIDIA GPU listed by the driver"
-    return NodeInfo(gpus=gpus, no_gpu=no_gpu, rdma_ports=rdma_ports())
+    return NodeInfo(
+        gpus=gpus, no_gpu=no_gpu, rdma_ports=rdma_ports(), rdma_invisible=rdma_invisible()
+    )
 
 
 def unavailable(ctx: Context, node: NodeInfo) -> str | None:

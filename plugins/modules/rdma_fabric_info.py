@@ -72,6 +72,17 @@ rdma:
   description: The node has at least one InfiniBand or RoCE port.
   type: bool
   returned: always
+invisible:
+  description:
+    - The RDMA-capable network adapters on the PCI bus (ConnectX, BlueField, EFA) that have no
+      RDMA device, each named with its PCI address and the cause (driver not loaded, no module for
+      the running kernel). NCCL cannot use them; C(gpuenv check) and C(gpuenv doctor) FAIL on them.
+  type: list
+  elements: str
+  returned: always
+  sample:
+    - "ConnectX-7 (15b3:1021) at 0000:18:00.0: no RDMA device: mlx5_core drives it but mlx5_ib
+      is not loaded (modprobe mlx5_ib)"
 fabric:
   description: The reader's facts (gpus, nvswitches, fabric_manager, ports, affinity, gdr ...).
   type: dict
@@ -113,6 +124,7 @@ def read(run: Run, params: dict) -> dict:
     gdr = found.gdr
     return {
         "rdma": bool(found.ports),
+        "invisible": fabric_reader.invisible_named(found.adapters),
         "fabric": found.as_dict(),
         "nccl": settings.as_dict(),
         "nccl_conf": settings.conf(),

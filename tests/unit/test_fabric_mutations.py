@@ -649,3 +649,16 @@ def test_a_roce_port_without_a_roce_v2_gid_fails_with_or_without_nccl_ib_gid_ind
     word, why = judge_fabric(node_fabric(root, settings))
     assert word == "FAIL"
     assert "no RoCE v2 GID with an address on mlx5_0:1" in why
+
+
+def test_the_rdma_fabric_module_names_the_invisible_adapters(node):
+    sys.path.insert(0, str(REPO / ".ansible" / "collections"))
+    module = importlib.import_module(
+        "ansible_collections.gpuenv.cluster.plugins.modules.rdma_fabric_info"
+    )
+    _unload_mlx5_ib(node)
+    overrides = dict.fromkeys(("ib_hca", "gid_index", "tc", "sl", "socket_ifname"), "")
+    params = {"root": str(node), "nvlink": {}, "model_links": {}, "packages": [], **overrides}
+    answer = module.read(recorded(node), params)
+    assert answer["rdma"] is False and len(answer["invisible"]) == 8
+    assert answer["invisible"][0] == floor_fabric.invisible_rdma_adapters(str(node))[0]
