@@ -155,9 +155,9 @@ def test_a_node_check_that_named_its_login_setting_is_not_given_the_note_again()
                                  " /etc/profile.d/zz-site.sh)]")  # fmt: skip
 
 
-def test_a_gpu_worker_rank_that_died_shows_nccl_s_warning_and_the_login_setting(
-    tmp_path, monkeypatch
-):
+def _dying(tmp_path, monkeypatch):
+    """The fake GPU check ``dying`` on 2 fake GPUs, in a login whose ~/.bashrc exports
+    NCCL_SOCKET_IFNAME=nosuch: its result, and the home."""
     from fakechecks import dying, probe
 
     from gpuenv.checks.base import Context
@@ -173,7 +173,13 @@ def test_a_gpu_worker_rank_that_died_shows_nccl_s_warning_and_the_login_setting(
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "nosuch")
     ctx = Context(node="n1", thresholds={"deadlines_s": {"probe": 20, "dying": 20}})
     run = run_checks({"probe": probe, "dying": dying}, ctx, ["probe", "dying"])
-    result = next(r for r in run.results if r.check == "dying")
+    return next(r for r in run.results if r.check == "dying"), home
+
+
+def test_a_gpu_worker_rank_that_died_shows_nccl_s_warning_and_the_login_setting(
+    tmp_path, monkeypatch
+):
+    result, home = _dying(tmp_path, monkeypatch)
     assert result.status.failed
     assert result.reason.startswith(
         "rank 1: NCCL WARN Bootstrap : no socket interface found;"
@@ -181,3 +187,16 @@ def test_a_gpu_worker_rank_that_died_shows_nccl_s_warning_and_the_login_setting(
         " rank 1 exited with exit code 1 during dying"
     ), result.reason
     assert "NCCL INFO" not in result.reason
+
+
+def test_a_gpu_worker_rank_s_posted_error_names_the_login_setting_of_its_library(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("FAKE_DYING_RAISES", "1")
+    result, home = _dying(tmp_path, monkeypatch)
+    assert result.status.failed
+    assert result.reason == (
+        "rank 1: RuntimeError: NCCL error: unhandled system error, Last error: Bootstrap : no"
+        " socket interface found; login files set what NCCL reads:"
+        f" NCCL_SOCKET_IFNAME='nosuch' (set in {home}/.bashrc)"
+    )

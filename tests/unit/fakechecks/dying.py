@@ -1,6 +1,7 @@
 """A GPU-placement check whose rank 1 dies as a rank does when NCCL gives up at its start: NCCL's
 WARN line on stderr (the shape NCCL 2.x prints: ``host:pid:tid [device] NCCL WARN ...``), then
-the process exits without posting anything. Rank 0 posts and waits for its peer."""
+the process exits without posting anything. Rank 0 posts and waits for its peer. With
+FAKE_DYING_RAISES set, rank 1 raises NCCL's error instead (the worker posts it) and rank 0 ends."""
 
 import os
 import socket
@@ -25,6 +26,11 @@ def world(ctx, node):
 
 
 def rank_main(rank):
+    if os.environ.get("FAKE_DYING_RAISES"):
+        if rank.rank == 1:
+            raise RuntimeError("NCCL error: unhandled system error, Last error: Bootstrap : no"
+                               " socket interface found")  # fmt: skip
+        return {}
     if rank.rank == 1:
         where = f"{socket.gethostname()}:{os.getpid()}:{os.getpid()} [1]"
         print(f"{where} NCCL INFO Bootstrap : Using eth0", flush=True)
