@@ -124,6 +124,7 @@ class NodeFabric:
     far_rails: dict[str, str] = field(default_factory=dict)  # rail -> why it is placed far
     problems: list[str] = field(default_factory=list)  # the derivation's (no RoCE v2 GID ...)
     invisible: list[str] = field(default_factory=list)  # RDMA adapters with no RDMA device
+    lonely: list[str] = field(default_factory=list)  # GPUs without the rail their peers have
 
     @property
     def hca(self) -> net.HcaSpec | None:
@@ -169,6 +170,7 @@ class NodeFabric:
             "far_rails": dict(self.far_rails),
             "problems": list(self.problems),
             "invisible": list(self.invisible),
+            "lonely": list(self.lonely),
         }
 
     @classmethod
@@ -198,6 +200,7 @@ class NodeFabric:
             far_rails=dict(data.get("far_rails") or {}),
             problems=list(data.get("problems") or []),
             invisible=list(data.get("invisible") or []),
+            lonely=list(data.get("lonely") or []),
         )
 
 
@@ -218,6 +221,7 @@ _TOPOLOGY = (
     "far_rails",
     "problems",
     "invisible",
+    "lonely",
 )
 
 
@@ -279,6 +283,7 @@ def rail_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
     ]
     problems += unread_problems(node)
     problems += [f"rail {hca} is {why}" for hca, why in sorted(node.far_rails.items())]
+    problems += list(node.lonely)
     others = [p for p in node.ports if p not in rails]
     notes = [
         f"not a rail ({chosen}): {_port_words(p)}"
@@ -425,6 +430,14 @@ def derivation_problems(node: NodeFabric) -> tuple[list[str], list[str]]:
             f" {node.derived['NCCL_IB_GID_INDEX']} (set it, or run the rdma_fabric role)"
         )
     spec = node.hca
+    if spec is not None and spec.exact and not spec.exclude:
+        for name, port in spec.entries:
+            if not any(p.device == name and port in (None, p.port) for p in node.ports):
+                named = f"{name}:{port}" if port else name
+                problems.append(
+                    f"NCCL_IB_HCA={spec.text} names {named}, which is not on the node (its card"
+                    " is gone from the PCI bus or its RDMA driver is not loaded)"
+                )
     if spec is not None and node.derived_rails is not None:
         picked = [f"{p.device}:{p.port}" for p in net.rails(node.ports, spec)]
         for hca in picked:

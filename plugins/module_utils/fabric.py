@@ -786,6 +786,7 @@ def topology_links(found: Fabric) -> dict[str, Any]:
                 f"GPU{index[gpu.bdf]} ({gpu.bdf}, NUMA {gpu.numa_node}) has no rail on its PCIe"
                 f" switch or NUMA node; nearest {rail} is on NUMA {by_hca[rail].numa_node}"
             )
+    lonely = [] if settings.far else lonely_gpus(found, settings.rails)
     acs = sorted({b for a in found.affinity if a.relation == PCIE_SWITCH
                   and a.port in settings.rails for b in a.acs_redirect})  # fmt: skip
     return {
@@ -804,7 +805,26 @@ def topology_links(found: Fabric) -> dict[str, Any]:
         "ib.far_rails": dict(settings.far),
         "ib.problems": list(settings.problems),
         "ib.invisible": invisible_named(found.adapters),
+        "ib.lonely": lonely,
     }
+
+
+def lonely_gpus(found: Fabric, rails: tuple[str, ...]) -> list[str]:
+    """On a node whose GPUs share PCIe switches with their rails: each GPU that has no rail under
+    its switch (its card gone from the bus, or never fitted), named with how many GPUs have one.
+    Empty on a node where no GPU shares a switch with a rail."""
+    index = {g.bdf: i for i, g in enumerate(found.gpus)}
+    near = {
+        g.bdf for g in found.gpus if any(found.relation(g.bdf, r) == PCIE_SWITCH for r in rails)
+    }
+    if not near:
+        return []
+    return [
+        f"GPU{index[g.bdf]} ({g.bdf}) has no rail under its PCIe switch, as {len(near)} of"
+        f" {len(found.gpus)} GPUs have: its card is gone from the PCI bus or was never fitted"
+        for g in found.gpus
+        if g.bdf not in near
+    ]
 
 
 def port_capability(found: Fabric) -> dict[str, dict[str, Any]]:

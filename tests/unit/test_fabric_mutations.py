@@ -662,3 +662,19 @@ def test_the_rdma_fabric_module_names_the_invisible_adapters(node):
     answer = module.read(recorded(node), params)
     assert answer["rdma"] is False and len(answer["invisible"]) == 8
     assert answer["invisible"][0] == floor_fabric.invisible_rdma_adapters(str(node))[0]
+
+
+@pytest.mark.parametrize("in_force", [True, False])
+def test_a_card_gone_from_the_bus_fails_with_or_without_the_roles_nccl_conf(node, in_force):
+    (node / "sys/class/infiniband/mlx5_5").unlink()
+    (node / "sys/bus/pci/devices/0000:5e:00.0").unlink()
+    assert floor_fabric.invisible_rdma_adapters(str(node)) == []  # not on the bus: not invisible
+    facts = node_fabric(node, None if in_force else {})
+    word, why = judge_fabric(facts)
+    assert word == "FAIL"
+    if in_force:
+        assert "names mlx5_5:1, which is not on the node" in why
+    assert (
+        "GPU3 (0000:5f:00.0) has no rail under its PCIe switch, as 7 of 8 GPUs have: its card is"
+        " gone from the PCI bus or was never fitted" in why
+    )
