@@ -336,9 +336,11 @@ def _tell_slurm(args: argparse.Namespace, problem: Any) -> int:
     outcome = slurm.health_check(
         node, problem, args.cache or slurm.CACHE_FILE, proc.command_output, time.time
     )
+    *lines, verdict = outcome.lines()
     stream = sys.stdout if outcome.decision is not None else sys.stderr
-    for line in outcome.lines():
+    for line in lines:
         print(line, file=stream)
+    print(verdict)
     return outcome.exit_code
 
 

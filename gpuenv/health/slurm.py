@@ -198,17 +198,20 @@ class Outcome:
         return 0 if self.problem is None else 1
 
     def lines(self) -> list[str]:
-        """What the CLI prints; a verdict's last line is ``verdict_line`` (the script reads it)."""
-        out = list(self.notes)
+        """What the CLI prints; the last line is ``verdict_line`` (the script reads it)."""
         if self.decision is None:
-            return [*out, f"{self.node}: {self.problem or 'healthy'}; Slurm not told: {self.error}"]
-        out.append(f"{self.node}: {self.decision.verb}: {self.decision.why}")
-        return [*out, verdict_line(self.problem, self.decision)]
+            told = f"Slurm not told: {self.error}"
+            return [*self.notes, f"{self.node}: {self.problem or 'healthy'}; {told}",
+                    verdict_line(self.problem, told)]  # fmt: skip
+        what = f"{self.decision.verb}: {self.problem or self.decision.why}"
+        return [*self.notes, f"{self.node}: {self.decision.verb}: {self.decision.why}",
+                verdict_line(self.problem, what)]  # fmt: skip
 
 
-def verdict_line(problem: str | None, decision: Decision) -> str:
-    word = "healthy" if problem is None else "unhealthy"
-    return f"{VERDICT_MARK} {word} ({decision.verb}: {problem or decision.why})"
+def verdict_line(problem: str | None, what: str) -> str:
+    """The scan's verdict, and what Slurm was told (exit 0 or 1), or why it was not (exit 3: the
+    verdict is in the prolog's cache, and no one can tell slurmctld now)."""
+    return f"{VERDICT_MARK} {'healthy' if problem is None else 'unhealthy'} ({what})"
 
 
 def health_check(
