@@ -71,6 +71,8 @@ _MPIRUN_BOILERPLATE = re.compile(
     r"|MPI_ABORT was invoked|exited on signal|process that caused that situation",
     re.IGNORECASE,
 )
+# Open MPI's help boxes are ruled with 74 dashes (torchrun's report with 60).
+_HELP_RULE = re.compile(r"\s*-{70,}\s*")
 _PROCESS_NAME = re.compile(r"Process name:\s*\[(?:prterun-\S+@\d+|\[\d+,\d+\]),(\d+)\]")
 _MPI_STARS = re.compile(r"^\[[^\]]*\] \*\*\* (An error occurred in .*)$")
 _NCCL_WARN = re.compile(r"\bNCCL WARN\b\s*(.*)$")
@@ -151,7 +153,7 @@ def _scan(lines: Sequence[tuple[int | None, str]]) -> tuple[list[_Line], int | N
                 if report_rules > 2:
                     report_rules = 0
             continue
-        if re.fullmatch(r"\s*-{20,}\s*", line):  # an Open MPI help box opens or closes
+        if _HELP_RULE.fullmatch(line):  # an Open MPI help box opens or closes
             if in_box:
                 text = "\n".join(box)
                 m = _PROCESS_NAME.search(text)
