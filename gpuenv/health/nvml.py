@@ -246,8 +246,10 @@ class PynvmlNvml:
                 k: int(getattr(hist, k)) for k in ("max", "high", "partial", "low", "none")
             }
         reasons = c("nvmlDeviceGetCurrentClocksEventReasons", h)
-        if reasons is None:
+        if reasons is None:  # the older name of the same call (nvidia-ml-py before 12.535)
             reasons = c("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+            if reasons is not None:
+                self._errors.pop("nvmlDeviceGetCurrentClocksEventReasons", None)
         gpu.clock_reasons = None if reasons is None else int(reasons)
         for policy, attr in ((0, "violation_power_ns"), (1, "violation_thermal_ns")):
             status = c("nvmlDeviceGetViolationStatus", h, policy)

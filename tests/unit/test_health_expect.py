@@ -215,3 +215,17 @@ def test_docs_health_lists_every_read_with_its_action():
     for read in READS:
         row = f"| `{read.name}` | `{read.call}` | {read.expected_when} | {read.action} |"
         assert row in doc, row
+
+
+def test_a_call_whose_older_name_answers_is_no_failed_read(tmp_path):
+    reading = FakeNvml(build(tmp_path, "hgx8").nvml_data).read()
+
+    class OldName(FakePynvml):
+        def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+            raise CodedError(999, "Unknown Error")
+
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+            return self._gpu(h).clock_reasons
+
+    got = PynvmlNvml(OldName(reading)).read()
+    assert got.gpus[0].clock_reasons == 0 and got.gpus[0].errors == {}
