@@ -142,12 +142,12 @@ def _scan(lines: Sequence[tuple[int | None, str]]) -> tuple[list[_Line], int | N
     while i < len(lines):
         rank, line = lines[i]
         i += 1
-        if report_rules:  # inside torchrun's report: only its root cause's rank is read
-            if _TORCHRUN_ROOT.match(line):
-                in_root = True
-            field_match = _TORCHRUN_FIELD.match(line)
-            if in_root and field_match and field_match.group(1) == "rank" and root is None:
-                root = int(field_match.group(2).split()[0])
+        # torchrun's report names the root cause's rank (its other lines are boilerplate).
+        in_root = in_root or bool(_TORCHRUN_ROOT.match(line))
+        field_match = _TORCHRUN_FIELD.match(line)
+        if in_root and field_match and field_match.group(1) == "rank" and root is None:
+            root = int(field_match.group(2).split()[0])
+        if report_rules:  # inside torchrun's report, which its own traceback announced
             if re.fullmatch(r"=+", line.strip()):
                 report_rules += 1
                 if report_rules > 2:

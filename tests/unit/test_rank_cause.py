@@ -85,3 +85,20 @@ def test_open_mpi_5_s_runtime_variables_in_a_login_file_are_named(tmp_path):
     login = login_env.job_variables(str(root), "/home/u", environ)
     cause = rank_cause.find(recorded("mpirun-rank-raises.txt"), None, login, ["mpirun"])
     assert "PMIX_MCA_gds='nosuch' (set in /etc/profile.d/zz-site.sh)" in cause.text
+
+
+def test_torchrun_s_report_alone_is_no_message_of_a_library():
+    """The recorded output without torchrun's own traceback above its report (as when its agent
+    logs the report instead of raising): the report's 60-dash rules are not an Open MPI box."""
+    text = recorded("torchrun-gloo-rank-raises.txt")
+    agent = text.index('Traceback (most recent call last):\n  File "<frozen runpy>"')
+    report = text.index("=" * 60)
+    # Rank 0's error first in the output: the report's root cause (rank 1) still comes first.
+    rank1 = text.index("[rank1]: Traceback")
+    rank0 = text.index("[rank0]: Traceback")
+    lines = rank_cause.own_lines(
+        text[:rank1] + text[rank0:agent] + text[rank1:rank0] + text[report:]
+    )
+    assert lines[0] == "rank 1: ValueError: rank 1 was told to fail"
+    assert lines[1].startswith("rank 0: RuntimeError:")
+    no_boilerplate(lines)
