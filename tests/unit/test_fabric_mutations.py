@@ -55,9 +55,26 @@ EXEMPT = {
     " (before and after a run), never by one value: a counter that cannot be read is left out"
     " of both reads",
     "rail port: gids/* (InfiniBand)": "on an InfiniBand link layer NCCL addresses peers by LID;"
-    " the GID table matters on RoCE only (NCCL_IB_GID_INDEX; judged by"
-    " test_a_roce_port_without_a_roce_v2_gid_fails_with_or_without_nccl_ib_gid_index)",
+    " the GID table matters on RoCE only (NCCL_IB_GID_INDEX: the RoCE base's table below)",
     "rail port: gid_attrs/* (InfiniBand)": "the GID types and netdevs matter on RoCE only",
+    **{
+        f"rail port: gid_attrs/ndevs/{i} (RoCE, {kind})": "a GID's netdev is recorded, not"
+        " judged: NCCL picks the GID by its index, and the kernel binds it to the port's netdev"
+        for i, kind in enumerate(("IB/RoCE v1", "RoCE v2", "IB/RoCE v1", "RoCE v2"))
+    },
+    **{
+        f"rail port: {what}/{i} (RoCE, IB/RoCE v1)": "a RoCE v1 entry: NCCL speaks RoCE v2 over"
+        " the entry in force (3)"
+        for what in ("gids", "gid_attrs/types")
+        for i in (0, 2)
+    },
+    **{
+        f"rail port: {what}/1 (RoCE, RoCE v2)": "the link-local RoCE v2 entry (fe80::): NCCL"
+        " uses the entry in force (3), which holds the port's IPv4 address; a link-local GID"
+        " does not route across subnets"
+        for what in ("gids", "gid_attrs/types")
+    },
+    "rail port: gids/4 (RoCE, zero entry)": "the end of the table: zero entries are skipped",
     "RDMA device: node_type": "not read: a port's own files (state, rate, link layer) decide",
     "NIC: numa_node": "each NIC shares a PCIe switch with its GPU here, and the switch decides"
     " the affinity; the NUMA node is read only where no port shares a switch with a GPU",
@@ -154,7 +171,6 @@ def nvml_gpus() -> list[dict]:
 
 
 GPUS = nvml_gpus()
-IN_FORCE = floor_fabric.derive(read(BASE / "root")).conf()
 
 
 def judge_system(found: floor_fabric.Fabric) -> tuple[str, str]:
@@ -175,9 +191,14 @@ def judge_system(found: floor_fabric.Fabric) -> tuple[str, str]:
 
 
 def node_fabric(
-    root: Path, settings: dict[str, str] | None = None, found: floor_fabric.Fabric | None = None
+    root: Path,
+    settings: dict[str, str] | None = None,
+    found: floor_fabric.Fabric | None = None,
+    base: Base | None = None,
 ) -> fabric.NodeFabric:
-    settings = IN_FORCE if settings is None else settings
+    """The fabric check's facts, with the settings the role wrote for the healthy base in force
+    unless ``settings`` are given."""
+    settings = (base or IB).in_force if settings is None else settings
     return fabric.read_node(str(root), settings, found or read(root))
 
 
@@ -200,19 +221,40 @@ def nccl_run(name: str, rails: list[str]) -> nccl_log.Transports:
     return nccl_log.parse(text.splitlines())
 
 
-HEALTHY = node_fabric(BASE / "root")
 GDR_LOG = "nccl-8-rails-gdr.log"
-HEALTHY_RUN = nccl_run(GDR_LOG, list(HEALTHY.derived_rails or []))
+
+
+@dataclass(frozen=True)
+class Base:
+    """A recorded healthy node: the settings the role wrote for it, its facts, its NCCL run."""
+
+    name: str
+    in_force: dict[str, str]
+    healthy: fabric.NodeFabric
+    run: nccl_log.Transports
+
+
+def _base(name: str) -> Base:
+    root = FIXTURES / name / "root"
+    in_force = floor_fabric.derive(read(root)).conf()
+    healthy = fabric.read_node(str(root), in_force, read(root))
+    return Base(name, in_force, healthy, nccl_run(GDR_LOG, list(healthy.derived_rails or [])))
+
+
+# The InfiniBand base, and its RoCE twin (the same board, Ethernet link layer, GID index 3).
+IB, ROCE = _base("hgx-h100-8ib"), _base("roce-v2-gid3")
+HEALTHY, HEALTHY_RUN = IB.healthy, IB.run
 
 
 def across(
-    facts: fabric.NodeFabric, t1: nccl_log.Transports | None = None
-) -> list[str]:  # fmt: skip
+    facts: fabric.NodeFabric, t1: nccl_log.Transports | None = None, base: Base | None = None
+) -> list[str]:
     """The cluster's fabric rules on a run of this node (n1) with the healthy base (n2); ``t1``:
     n1's NCCL log (the healthy run's, on its rails, unless given)."""
-    nodes = {"n1": facts, "n2": HEALTHY}
+    base = base or IB
+    nodes = {"n1": facts, "n2": base.healthy}
     t1 = t1 or nccl_run(GDR_LOG, list(facts.derived_rails or []))
-    t2 = HEALTHY_RUN
+    t2 = base.run
     used = {"n1": t1, "n2": t2}
     merged = nccl_log.merge([t1.to_dict(), t2.to_dict()])
     found = fabric.fallback_problems(nodes, merged) + fabric.rail_use_problems(nodes, used)
@@ -222,18 +264,18 @@ def across(
     return found
 
 
-def verdict(root: Path) -> tuple[str, str]:
+def verdict(root: Path, base: Base | None = None) -> tuple[str, str]:
     """PASS only when ``system``, ``fabric`` and the cluster's rules all pass; else the first
     that does not, with its reason."""
     found = read(root)
     word, why = judge_system(found)
     if word != "PASS":
         return f"system {word}", why
-    facts = node_fabric(root, found=found)
+    facts = node_fabric(root, found=found, base=base)
     word, why = judge_fabric(facts)
     if word != "PASS":
         return f"fabric {word}", why
-    problems = across(facts)
+    problems = across(facts, base=base)
     return ("across FAIL", "; ".join(problems)) if problems else ("PASS", "")
 
 
@@ -264,6 +306,13 @@ def group(root: Path, path: Path) -> str:
             rest = "/".join(parts[7:])
             rest = re.sub(r"/\d+$", "/*", rest) if rest.startswith(("gid", "counters")) else rest
             rest = re.sub(r"^counters/.*", "counters/*", rest)
+            port = root / "/".join(parts[:7])
+            layer = (port / "link_layer").read_text().strip()
+            if rest.startswith("gid") and layer == "Ethernet":
+                # on RoCE each entry has its own part: name it by index and type
+                typed = port / "gid_attrs/types" / path.name
+                kind = typed.read_text().strip() if typed.is_file() else "zero entry"
+                return f"rail port: {'/'.join(parts[7:-1])}/{path.name} (RoCE, {kind})"
             if rest.startswith("gid"):
                 return f"rail port: {rest.split('/')[0]}/* (InfiniBand)"
             return f"rail port: {rest}"
@@ -411,37 +460,46 @@ def _unload(root: Path, path: Path) -> Mutated:
     return Mutated(True, undo)
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("fabric-base") / "root"
-    shutil.copytree(BASE / "root", root, symlinks=True)
+def _copy(tmp: Path, base: Base) -> Path:
+    root = tmp / base.name / "root"
+    shutil.copytree(FIXTURES / base.name / "root", root, symlinks=True)
     return root
 
 
-def table(root: Path) -> Iterator[tuple[str, str, str, str, str]]:
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("fabric-bases")
+    return {b.name: _copy(tmp, b) for b in (IB, ROCE)}
+
+
+Row = tuple[str, str, str, str, str]
+# The RoCE base adds only what differs from the InfiniBand one: its GID tables.
+ROCE_ONLY = ("rail port: gid",)
+
+
+def table(root: Path, base: Base, only: tuple[str, ...] = ()) -> Iterator[Row]:
     """(group, instance, mutation, verdict, reason) for every reading and mutation."""
     for name, path in readings(root).items():
+        if only and not name.startswith(only):
+            continue
         for kind in MUTATIONS:
             change = mutate(root, path, kind)
             if not change.applies:
                 continue
             try:
-                word, why = verdict(root)
+                word, why = verdict(root, base)
             finally:
                 change.undo()
             yield name, path.relative_to(root).as_posix(), kind, word, why
 
 
-def render(rows: list[tuple[str, str, str, str, str]]) -> str:
+def _rows_md(rows: list[Row]) -> list[str]:
     cells: dict[str, dict[str, str]] = {}
     where: dict[str, str] = {}
     for name, instance, kind, word, _ in rows:
         cells.setdefault(name, {})[kind] = word
         where[name] = instance
     lines = [
-        BEGIN,
-        f"Regenerate with `{REGENERATE}`.",
-        "",
         "| reading (instance mutated) | " + " | ".join(MUTATIONS) + " | why a PASS is right |",
         "|---|" + "---|" * len(MUTATIONS) + "---|",
     ]
@@ -449,17 +507,30 @@ def render(rows: list[tuple[str, str, str, str, str]]) -> str:
         row = [cells[name].get(k, "") or "n/a" for k in MUTATIONS]
         why = EXEMPT.get(name, "") if "PASS" in row else ""
         lines.append(f"| {name} (`{where[name]}`) | " + " | ".join(row) + f" | {why} |")
+    return lines
+
+
+def render(tables: dict[str, list[Row]]) -> str:
+    lines = [BEGIN, f"Regenerate with `{REGENERATE}`."]
+    for name, rows in tables.items():
+        lines += ["", f"Base `tests/fixtures/fabric/{name}`:", "", *_rows_md(rows)]
     lines += ["", END]
     return "\n".join(lines)
 
 
-def test_the_healthy_base_passes_everywhere(tree):
-    assert verdict(tree) == ("PASS", "")
+def test_the_healthy_bases_pass_everywhere(trees):
+    assert verdict(trees[IB.name], IB) == ("PASS", "")
+    assert verdict(trees[ROCE.name], ROCE) == ("PASS", "")
 
 
-def test_every_degraded_reading_of_the_base_is_not_a_pass_and_the_doc_holds_the_table(tree):
-    rows = list(table(tree))
-    assert verdict(tree) == ("PASS", "")  # every mutation was undone
+def test_every_degraded_reading_of_the_base_is_not_a_pass_and_the_doc_holds_the_table(trees):
+    tables = {
+        IB.name: list(table(trees[IB.name], IB)),
+        ROCE.name: list(table(trees[ROCE.name], ROCE, ROCE_ONLY)),
+    }
+    assert verdict(trees[IB.name], IB) == ("PASS", "")  # every mutation was undone
+    assert verdict(trees[ROCE.name], ROCE) == ("PASS", "")
+    rows = [r for found in tables.values() for r in found]
     passed = sorted({(name, kind) for name, _, kind, word, _ in rows if word == "PASS"})
     unexplained = [f"{name} x {kind}" for name, kind in passed if name not in EXEMPT]
     assert not unexplained, "a degraded reading passes without a stated reason: " + ", ".join(
@@ -467,7 +538,7 @@ def test_every_degraded_reading_of_the_base_is_not_a_pass_and_the_doc_holds_the_
     )
     kinds = {kind for _, _, kind, _, _ in rows}
     assert kinds == set(MUTATIONS), kinds
-    generated = render(rows)
+    generated = render(tables)
     text = DOC.read_text(encoding="utf-8") if DOC.exists() else ""
     if os.environ.get("GPUENV_REGENERATE_DOCS") == "1":
         head, _, rest = text.partition(BEGIN)
