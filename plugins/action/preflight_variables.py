@@ -22,9 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
 from ansible.errors import AnsibleUndefinedVariable
 from ansible.plugins.action import ActionBase
-from ansible.template import Templar
+from ansible.template import Templar, trust_as_template
 
 from ..plugin_utils.preflight import PROFILE_VARIABLES, Problem, judge, role_options, stale_after_s
 
@@ -33,6 +34,26 @@ RULES_FILE = ROLES_DIR / "gpu_monitoring" / "files" / "gpuenv.rules.yml"
 _NAME = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 # Variables set by users that role defaults read besides the roles' options (docs/variables.md).
 PUBLIC_PREFIXES = ("gpuenv_", "validate_")
+
+
+def _yaml(path: Path) -> dict[str, Any]:
+    """A YAML file of the collection as plain data (libyaml where there is one: Ansible's own
+    loader takes ten times as long for the thirty files)."""
+    if not path.is_file():
+        return {}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(path.read_text(), Loader=loader) or {}
+
+
+def _trusted(value: Any) -> Any:
+    """The roles' defaults, trusted as templates as Ansible trusts a role's defaults file."""
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, Mapping):
+        return {k: _trusted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_trusted(v) for v in value]
+    return value
 
 
 class ActionModule(ActionBase):
@@ -44,17 +65,12 @@ class ActionModule(ActionBase):
     ) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        specs = {}
+        specs: dict[str, Any] = {}
         defaults: dict[str, Any] = {}
-        for role in sorted(
-            p for p in ROLES_DIR.iterdir() if (p / "meta" / "argument_specs.yml").is_file()
-        ):
-            specs[role.name] = self._loader.load_from_file(
-                str(role / "meta" / "argument_specs.yml")
-            )
-            if (role / "defaults" / "main.yml").is_file():
-                main = str(role / "defaults" / "main.yml")
-                defaults.update(self._loader.load_from_file(main, trusted_as_template=True) or {})
+        for role in sorted(ROLES_DIR.iterdir()):
+            if (role / "meta" / "argument_specs.yml").is_file():
+                specs[role.name] = _yaml(role / "meta" / "argument_specs.yml")
+                defaults.update(_trusted(_yaml(role / "defaults" / "main.yml")))
         options = role_options(specs)
         hostvars = task_vars["hostvars"]
         found: dict[tuple[str, str], list[str]] = {}
@@ -170,12 +186,10 @@ class ActionModule(ActionBase):
                 "gpuenv is not installed in the controller's Python (the validate stage and the"
                 " upgrade's pair tests need it there too)"
             )
-        thresholds = self._loader.load_from_file(
-            str(Path(found.origin).parent / "data" / "thresholds.yaml")
-        )
-        return [str(name) for name in (thresholds or {}).get("profiles", {})], ""
+        thresholds = _yaml(Path(found.origin).parent / "data" / "thresholds.yaml")
+        return [str(name) for name in thresholds.get("profiles", {})], ""
 
     def _stale_s(self, given: Mapping[str, Any], derived: Mapping[str, Any]) -> int | None:
         if not any(n.startswith("gpu_monitoring_health_") for n in (*given, *derived)):
             return None
-        return stale_after_s(self._loader.load_from_file(str(RULES_FILE)) or {})
+        return stale_after_s(_yaml(RULES_FILE))
