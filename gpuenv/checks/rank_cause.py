@@ -62,6 +62,9 @@ _CPP_FRAMES = re.compile(r"^(Exception raised from |frame #\d+)")
 _CHAINED = re.compile(r"^(The above exception was|During handling of the above exception)")
 # torchrun's own report: its agent's log lines, its header, the ChildFailedError block.
 _TORCHRUN_LOG = re.compile(r"^[DIWEF]\d{4} [\d:.]+\s+\d+ \S*torch/distributed/elastic/")
+# What torchrun's agent itself raises: its SignalException when it is stopped (the ranks' own
+# errors, if any, stand above it).
+_AGENT_ERROR = re.compile(r"^torch\.distributed\.elastic\.\S+: ")
 _RULE = re.compile(r"^\s*(=+|-+|\*+)\s*$")
 _TORCHRUN_ROOT = re.compile(r"^Root Cause \(first observed failure\):")
 _TORCHRUN_FIELD = re.compile(r"^\s+(rank|time|host|exitcode|error_file|traceback)\s*:\s*(.*)$")
@@ -186,7 +189,7 @@ def _scan(lines: Sequence[tuple[int | None, str]]) -> tuple[list[_Line], int | N
                 i += 1
             if "ChildFailedError" in head:  # torchrun's own traceback: its report follows
                 report_rules = 1
-            else:
+            elif not _AGENT_ERROR.match(head):
                 found.append(_Line(rank, " ".join(m for m in message if m)))
             continue
         warn = _NCCL_WARN.search(line)

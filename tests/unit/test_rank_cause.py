@@ -102,3 +102,18 @@ def test_torchrun_s_report_alone_is_no_message_of_a_library():
     assert lines[0] == "rank 1: ValueError: rank 1 was told to fail"
     assert lines[1].startswith("rank 0: RuntimeError:")
     no_boilerplate(lines)
+
+
+def test_torchrun_s_agent_stopped_by_its_deadline_is_not_a_rank_s_error():
+    """torchrun's agent raises its own SignalException when the deadline's SIGTERM reaches it
+    (the shape of torch 2.13's traceback, as `gpuenv cluster` met it on an overloaded node)."""
+    agent = (
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3/site-packages/torch/distributed/run.py", line 1032, in <module>\n'
+        "    main()\n"
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 21006 got signal:"
+        " 15\n"
+    )
+    text = recorded("torchrun-gloo-socket-ifname-nosuch.txt")
+    assert rank_cause.own_lines(agent) == []
+    assert rank_cause.own_lines(text + agent) == rank_cause.own_lines(text)
