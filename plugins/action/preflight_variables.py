@@ -27,7 +27,15 @@ from ansible.errors import AnsibleUndefinedVariable
 from ansible.plugins.action import ActionBase
 from ansible.template import Templar, trust_as_template
 
-from ..plugin_utils.preflight import PROFILE_VARIABLES, Problem, judge, role_options, stale_after_s
+from ..plugin_utils.preflight import (
+    PROFILE_VARIABLES,
+    ROLE_MAXIMA,
+    Problem,
+    judge,
+    role_bounds,
+    role_options,
+    stale_after_s,
+)
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 RULES_FILE = ROLES_DIR / "gpu_monitoring" / "files" / "gpuenv.rules.yml"
@@ -72,6 +80,9 @@ class ActionModule(ActionBase):
                 specs[role.name] = _yaml(role / "meta" / "argument_specs.yml")
                 defaults.update(_trusted(_yaml(role / "defaults" / "main.yml")))
         options = role_options(specs)
+        bounds = role_bounds(
+            {r: _yaml(ROLES_DIR / r / "vars" / "main.yml") for r, _ in ROLE_MAXIMA.values()}
+        )
         hostvars = task_vars["hostvars"]
         found: dict[tuple[str, str], list[str]] = {}
         checked: set[str] = set()
@@ -89,7 +100,9 @@ class ActionModule(ActionBase):
             checked.update(given, derived)
             profiles, why = self._profiles(given, derived)
             stale_s = self._stale_s(given, derived)
-            problems += bad_defaults + judge(options, given, derived, profiles, stale_s, why)
+            problems += bad_defaults + judge(
+                options, given, derived, profiles, stale_s, why, bounds
+            )
             for problem in problems:
                 found.setdefault((problem.variable, problem.reason), []).append(host)
         result["checked"] = sorted(checked)

@@ -31,6 +31,8 @@ BOUNDS: dict[str, tuple[int, int | None]] = {
     "rolling_upgrade_batch_size": (1, None),
     "rolling_upgrade_pair_port": (1024, 65000),
 }
+# Upper bounds a role keeps in its vars/main.yml: the option, the role and the variable.
+ROLE_MAXIMA = {"slurm_health_timeout_s": ("slurm", "__slurm_health_timeout_max_s")}
 # Spans that must be at least one second: a zero interval, timeout, poll or cache means nothing.
 SPAN_SUFFIXES = (
     "_interval_s",
@@ -137,7 +139,21 @@ def spec_problems(
     return problems, converted
 
 
-def _minimum(name: str, spec: Mapping[str, Any]) -> tuple[int, int | None] | None:
+def role_bounds(role_vars: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[int, int | None]]:
+    """The bounds of ROLE_MAXIMA, from each role's vars/main.yml (``role_vars`` by role name)."""
+    bounds: dict[str, tuple[int, int | None]] = {}
+    for name, (role, variable) in ROLE_MAXIMA.items():
+        high = role_vars.get(role, {}).get(variable)
+        if isinstance(high, int) and not isinstance(high, bool):
+            bounds[name] = (1, high)
+    return bounds
+
+
+def _minimum(
+    name: str, spec: Mapping[str, Any], bounds: Mapping[str, tuple[int, int | None]]
+) -> tuple[int, int | None] | None:
+    if name in bounds:
+        return bounds[name]
     if name in BOUNDS:
         return BOUNDS[name]
     if spec.get("type") != "int":
@@ -150,7 +166,9 @@ def _minimum(name: str, spec: Mapping[str, Any]) -> tuple[int, int | None] | Non
 
 
 def range_problems(
-    options: Mapping[str, Mapping[str, Any]], values: Mapping[str, Any]
+    options: Mapping[str, Mapping[str, Any]],
+    values: Mapping[str, Any],
+    bounds: Mapping[str, tuple[int, int | None]] | None = None,
 ) -> list[Problem]:
     """Ports within 1-65535 (or their role's range), no negative number, spans of 1 s or more."""
     problems: list[Problem] = []
@@ -162,10 +180,10 @@ def range_problems(
             except (QosError, TypeError) as exc:
                 problems.append(Problem(name, str(exc).removeprefix(f"{name}: ")))
             continue
-        bounds = _minimum(name, options.get(name, {}))
-        if bounds is None or not isinstance(value, int) or isinstance(value, bool):
+        limits = _minimum(name, options.get(name, {}), bounds or {})
+        if limits is None or not isinstance(value, int) or isinstance(value, bool):
             continue
-        low, high = bounds
+        low, high = limits
         if value < low or (high is not None and value > high):
             what = (
                 f"must be a TCP port {low}-{high}"
@@ -317,6 +335,7 @@ def judge(
     profiles: Sequence[str] | None,
     stale_s: int | None,
     why_no_profiles: str = "",
+    bounds: Mapping[str, tuple[int, int | None]] | None = None,
 ) -> list[Problem]:
     """Every problem of one host's variables. ``given``: the values its inventory and extra vars
     set, templated. ``derived``: each role default that reads given variables, templated, with
@@ -324,7 +343,7 @@ def judge(
     its default is as bad) and named with the variables it comes from."""
     values = {**{n: v for n, (v, _) in derived.items()}, **given}
     problems, converted = spec_problems(options, values)
-    problems += range_problems(options, converted)
+    problems += range_problems(options, converted, bounds)
     # The rules between variables judge only values that passed on their own: one problem, one name.
     sound = {n: v for n, v in converted.items() if n not in {p.variable for p in problems}}
     effective = {**_spec_defaults(options), **sound}

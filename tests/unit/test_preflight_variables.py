@@ -39,6 +39,12 @@ OPTIONS = preflight.role_options(SPECS)
 PROFILES = list(
     yaml.safe_load((ROOT / "gpuenv" / "data" / "thresholds.yaml").read_text())["profiles"]
 )
+BOUNDS = preflight.role_bounds(
+    {
+        role: yaml.safe_load((ROOT / "roles" / role / "vars" / "main.yml").read_text())
+        for role, _ in preflight.ROLE_MAXIMA.values()
+    }
+)
 STALE_S = preflight.stale_after_s(
     yaml.safe_load((ROOT / "roles" / "gpu_monitoring" / "files" / "gpuenv.rules.yml").read_text())
 )
@@ -71,6 +77,8 @@ def bad_values() -> Iterator[tuple[str, str, Any]]:
         if kind == "int" and name.endswith("_port"):
             yield f"{name}-port-zero", name, 0
             yield f"{name}-port-70000", name, 70000
+        if name in BOUNDS and BOUNDS[name][1] is not None:
+            yield f"{name}-above-its-role-maximum", name, BOUNDS[name][1] + 1
         if kind == "list" and name.endswith("_ports"):
             yield f"{name}-port-70000", name, ["70000"]
 
@@ -87,7 +95,7 @@ def _literal_defaults() -> dict[str, Any]:
 
 
 def judge(given: dict[str, Any], derived: dict | None = None) -> list[preflight.Problem]:
-    return preflight.judge(OPTIONS, given, derived or {}, PROFILES, STALE_S)
+    return preflight.judge(OPTIONS, given, derived or {}, PROFILES, STALE_S, "", BOUNDS)
 
 
 def test_the_table_covers_every_role_and_kind() -> None:
@@ -96,6 +104,7 @@ def test_the_table_covers_every_role_and_kind() -> None:
     assert {"slurm", "rolling", "gpu", "site", "nvidia", "nccl", "cuda", "mpi", "ssh"} <= roles
     assert "gpu_env_pip_extra_index_urls-wrong-type" in BAD
     assert "rolling_upgrade_pair_port-port-70000" in BAD
+    assert set(BOUNDS) == set(preflight.ROLE_MAXIMA)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -151,7 +160,7 @@ def _timing_cases() -> list[tuple[dict[str, int], str]]:
             {"slurm_health_interval_s": max(10, _default("slurm_health_timeout_s"))},
             "slurm_health_interval_s",
         ),
-        ({"slurm_health_interval_s": 100, "slurm_health_timeout_s": 100}, "slurm_health_timeout_s"),
+        ({"slurm_health_interval_s": 20, "slurm_health_timeout_s": 20}, "slurm_health_timeout_s"),
         (
             {"rolling_upgrade_drain_poll_s": _default("rolling_upgrade_drain_timeout_s")},
             "rolling_upgrade_drain_poll_s",
