@@ -40,6 +40,7 @@ from ..plugin_utils.preflight import (
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 RULES_FILE = ROLES_DIR / "gpu_monitoring" / "files" / "gpuenv.rules.yml"
 _NAME = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+_ROLE_OWN = re.compile(r"'(__[A-Za-z0-9_]+|role_path)' is undefined")
 # Variables set by users that role defaults read besides the roles' options (docs/variables.md).
 PUBLIC_PREFIXES = ("gpuenv_", "validate_")
 
@@ -131,6 +132,10 @@ class ActionModule(ActionBase):
                 continue
             try:
                 given[name] = templar.template(raw[name])
+            except AnsibleUndefinedVariable as exc:
+                if _ROLE_OWN.search(str(exc)):
+                    continue  # it reads what only a role defines (__ data, role_path): judged there
+                problems.append(Problem(name, f"cannot be templated: {exc}"))
             except Exception as exc:  # any templating error of a given value is its problem
                 problems.append(Problem(name, f"cannot be templated: {exc}"))
         return given, problems

@@ -149,9 +149,10 @@ def role_bounds(role_vars: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[i
     return bounds
 
 
-def _minimum(
+def _limits(
     name: str, spec: Mapping[str, Any], bounds: Mapping[str, tuple[int, int | None]]
 ) -> tuple[int, int | None] | None:
+    """The (lowest, highest) an int option may be; None: not a number preflight bounds."""
     if name in bounds:
         return bounds[name]
     if name in BOUNDS:
@@ -180,7 +181,7 @@ def range_problems(
             except (QosError, TypeError) as exc:
                 problems.append(Problem(name, str(exc).removeprefix(f"{name}: ")))
             continue
-        limits = _minimum(name, options.get(name, {}), bounds or {})
+        limits = _limits(name, options.get(name, {}), bounds or {})
         if limits is None or not isinstance(value, int) or isinstance(value, bool):
             continue
         low, high = limits
@@ -356,11 +357,13 @@ def judge(
         if n in values and n not in {p.variable for p in problems}
     }
     problems += profile_problems(named, profiles, why_no_profiles)
-    # A default that is bad only because a variable it reads is bad: that variable is named.
+    # A role default made bad by the variables it reads is named by them, the ones to fix; once
+    # only where one of them is bad on its own already.
     named_bad = {p.variable for p in problems if p.variable not in derived}
     return [
         Problem(
-            p.variable, f"{p.reason} (its role's default, from {', '.join(derived[p.variable][1])})"
+            ", ".join(derived[p.variable][1]),
+            f"through {p.variable}, the role default computed from it: {p.reason}",
         )
         if p.variable in derived and p.variable not in given
         else p

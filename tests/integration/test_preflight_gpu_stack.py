@@ -298,7 +298,11 @@ CASES: dict[str, Case] = {
     "sources-base-repoint-not-a-bool": Case(
         TRIXIE,
         {**GOOD_TRIXIE, "gpuenv_apt_base_repoint": "maybe"},
-        ("sources_apt_base_repoint (gpuenv_apt_base_repoint) must be true or false, got maybe",),
+        # Refused by preflight's first check, through the default it feeds.
+        (
+            "gpuenv_apt_base_repoint: through sources_apt_base_repoint",
+            "'maybe' is not a valid boolean",
+        ),
     ),
 }
 

@@ -209,9 +209,10 @@ def test_a_default_computed_from_a_bad_variable_names_it() -> None:
         {"rolling_upgrade_check_profile": ("nightly", ["validate_profile"])},
     )
     assert [p.variable for p in problems] == ["validate_profile"]
+    # A default made bad by what it reads is named by the variable read, the one to fix.
     derived = judge({}, {"slurm_d_port": (70000, ["slurm_base_port"])})
-    assert [p.variable for p in derived] == ["slurm_d_port"]
-    assert "its role's default, from slurm_base_port" in derived[0].reason
+    assert [p.variable for p in derived] == ["slurm_base_port"]
+    assert derived[0].reason.startswith("through slurm_d_port, the role default computed from it")
 
 
 # End to end: the real preflight playbook on a local-connection host with a fake Debian 13's facts
@@ -219,10 +220,15 @@ def test_a_default_computed_from_a_bad_variable_names_it() -> None:
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 from test_preflight_gpu_stack import FACT_MODULE, GOOD_TRIXIE, TRIXIE, Case, Run, _run_case  # noqa: E402
 
-# Each case: the extra vars; the failure must name each. Alone, the two the issue names first;
+# Each case: the extra vars; a failure must name each. Alone, the two the issue names first;
 # together, one of each kind (one run names them all).
 END_TO_END: dict[str, dict[str, Any]] = {
-    "good": {},
+    # Templated values: one reading a role's own data, a number given as text, a known profile.
+    "good": {
+        "gpu_env_os_packages": "{{ __gpu_env_os_packages }}",
+        "slurm_d_port": "{{ 6818 + 2 }}",
+        "validate_profile": "full",
+    },
     "unknown-upgrade-profile": {"rolling_upgrade_check_profile": "nightly"},
     "mapping-for-a-list": {"gpu_env_pip_extra_index_urls": {"url": "https://pypi.example/simple"}},
     "one-of-each-kind": {
@@ -233,6 +239,8 @@ END_TO_END: dict[str, dict[str, Any]] = {
         "rolling_upgrade_batch_size": "all",
         "net_qos_ports": ["29500", "70000"],
         "ssh_mesh_user_create": "sometimes",
+        # Read by role defaults only (gpu_env_pip_extra_index_urls, the pip arguments): named.
+        "gpuenv_pip_extra_index_url": {"url": "https://pypi.example/simple"},
     },
 }
 
@@ -257,7 +265,7 @@ def test_good_input_passes_preflight(runs: dict[str, Run]) -> None:
     assert runs["good"].marker_written
 
 
-@pytest.mark.parametrize("case", sorted(c for c in END_TO_END if END_TO_END[c]))
+@pytest.mark.parametrize("case", sorted(c for c in END_TO_END if c != "good"))
 def test_preflight_stops_the_bad_value_before_any_change(runs: dict[str, Run], case: str) -> None:
     run = runs[case]
     assert run.rc != 0, f"{case}: preflight passed\n{run.output[-3000:]}"
