@@ -17,7 +17,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
+
+import yaml
 
 from gpuenv.health.findings import NVML_API, Finding
 from gpuenv.health.nvml import GpuReading
@@ -205,6 +208,31 @@ class Expected:
 
     def peer_value(self, name: str) -> Any:
         return self.majority.get(name)
+
+
+def data_table(name: str) -> Any:
+    """A table of gpuenv/data, parsed by libyaml where PyYAML has it (a scan reads three tables;
+    the pure-Python parser alone takes longer than the whole scan should)."""
+    from gpuenv.checks.thresholds import DATA_DIR
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((DATA_DIR / name).read_text(encoding="utf-8"), Loader=loader)
+
+
+@lru_cache(maxsize=1)
+def shipped_specs() -> dict[str, Any]:
+    """gpu_specs.yaml as load_specs gives it without a thresholds file's rows."""
+    return data_table("gpu_specs.yaml") or {}
+
+
+def specs_for(thresholds: Mapping[str, Any]) -> dict[str, Any]:
+    """The GPU spec table, with a thresholds file's gpu_specs rows where it has any."""
+    rows = thresholds.get("gpu_specs")
+    if not rows:
+        return shipped_specs()
+    from gpuenv.checks.thresholds import load_specs
+
+    return load_specs(rows)
 
 
 def _model(gpu: GpuReading, device_ids: Mapping[str, str], specs: Mapping[str, Any]) -> tuple:

@@ -99,7 +99,7 @@ def parse_rules(data: Any, source: str) -> list[Rule]:
 @lru_cache(maxsize=1)
 def shipped_rules() -> tuple[Rule, ...]:
     from gpuenv.checks.thresholds import DATA_DIR
-    from gpuenv.health.rules import data_table  # libyaml where there is one: a scan's own time
+    from gpuenv.health.expect import data_table  # libyaml where there is one: a scan's own time
 
     path = DATA_DIR / "health_escalation.yaml"
     return tuple(parse_rules(data_table(path.name), str(path)))

@@ -11,11 +11,9 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-import yaml
-
 from gpuenv.floor.health import IbPort, KernelEvent
 from gpuenv.health import nvml as nv
-from gpuenv.health.expect import Expected, read_findings
+from gpuenv.health.expect import Expected, data_table, read_findings
 from gpuenv.health.findings import (
     FABRIC_MANAGER,
     GPUENV,
@@ -32,15 +30,6 @@ from gpuenv.health.nvml import GpuReading
 _RECOVERY = re.compile(r"to 0x[0-9a-f]+ \(([^)]+)\)", re.IGNORECASE)
 # Xid 154's words for the driver's recovery action, most disruptive first ("Drain and Reset").
 _RECOVERY_WORDS = (("drain", "drain"), ("reboot", "reboot"), ("reset", "reset"), ("none", "none"))
-
-
-def data_table(name: str) -> Any:
-    """A table of gpuenv/data, parsed by libyaml where PyYAML has it (a scan reads two tables;
-    the pure-Python parser alone takes longer than the whole scan should)."""
-    from gpuenv.checks.thresholds import DATA_DIR
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load((DATA_DIR / name).read_text(encoding="utf-8"), Loader=loader)
 
 
 @lru_cache(maxsize=1)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Any
 
 from gpuenv.floor import health as floor
@@ -62,22 +61,6 @@ def _finding_id(event: floor.KernelEvent, by_bus: Mapping[str, Any]) -> str:
     return f"xid:{gpu.uuid if gpu else 'node'}:{event.code}"
 
 
-@lru_cache(maxsize=1)
-def _shipped_specs() -> dict[str, Any]:
-    """gpu_specs.yaml as load_specs gives it without a thresholds file's rows."""
-    return rules.data_table("gpu_specs.yaml") or {}
-
-
-def _specs(thresholds: Mapping[str, Any]) -> dict[str, Any]:
-    """The GPU spec table, with a thresholds file's gpu_specs rows where it has any."""
-    rows = thresholds.get("gpu_specs")
-    if not rows:
-        return _shipped_specs()
-    from gpuenv.checks.thresholds import load_specs
-
-    return load_specs(rows)
-
-
 def scan(
     root: str,
     run: Run,
@@ -113,7 +96,7 @@ def scan(
     findings.append(rules.kernel_log_finding(log.source, log.reason))
     good = [g for g in reading.gpus if not g.error]
     device_ids = {d.bdf: f"0x{d.device:04x}" for d in devices or [] if d.is_gpu}
-    exps = expect.expectations(good, device_ids, _specs(thresholds), nvswitch_node)
+    exps = expect.expectations(good, device_ids, expect.specs_for(thresholds), nvswitch_node)
     for gpu in good:
         prev = counters.get(gpu.uuid, {}) if state.get("boot_id") == boot else {}
         findings += rules.gpu_findings(gpu, prev, th, interval_s, exps[gpu.index])

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuenv.health import expect, rules
 from gpuenv.health import nvml as nv
-from gpuenv.health import rules
-from gpuenv.health.findings import rank
+from gpuenv.health.findings import Finding, rank
 
 # Names of nvmlClocksEventReasons bits as `nvidia-smi -q -d PERFORMANCE` prints them.
 REASONS = {
@@ -54,10 +54,18 @@ def reasons(bits: int | None) -> str:
     return ", ".join(named) or "none"
 
 
-def gpu_row(gpu: nv.GpuReading, th: Mapping[str, Any]) -> dict[str, Any]:
+def gpu_row(
+    gpu: nv.GpuReading,
+    th: Mapping[str, Any],
+    exp: expect.Expected | None = None,
+    more: list[Finding] | None = None,
+) -> dict[str, Any]:
+    """One GPU's row; ``exp``: what it should answer and read, from its model and its peers in
+    the same frame, ``more``: its findings of the node-wide rules (its NVLinks against its
+    peers'), as `gpuenv health` judges the same reading."""
     if gpu.error:
         return {"gpu": gpu.index, "name": gpu.name, "error": gpu.error, "health": "reset"}
-    findings = rules.gpu_findings(gpu, {}, th, None)
+    findings = rules.gpu_findings(gpu, {}, th, None, exp) + (more or [])
     worst = max((f.action for f in findings), key=rank, default="none")
     return {
         "gpu": gpu.index,
@@ -76,11 +84,16 @@ def gpu_row(gpu: nv.GpuReading, th: Mapping[str, Any]) -> dict[str, Any]:
 
 def frame(node: str, reader: nv.Nvml, th: Mapping[str, Any]) -> dict[str, Any]:
     reading = reader.read()
+    good = [g for g in reading.gpus if not g.error]
+    exps = expect.expectations(good, {}, expect.shipped_specs(), nvswitch_node=False)
+    links: dict[int | None, list[Finding]] = {}
+    for f in rules.nvlink_state_findings(good, False, exps):
+        links.setdefault(f.gpu, []).append(f)
     return {
         "node": node,
         "at_unix": time.time(),
         "error": reading.error,
-        "gpus": [gpu_row(g, th) for g in reading.gpus],
+        "gpus": [gpu_row(g, th, exps.get(g.index), links.get(g.index)) for g in reading.gpus],
     }
 
 

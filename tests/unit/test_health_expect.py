@@ -229,3 +229,15 @@ def test_a_call_whose_older_name_answers_is_no_failed_read(tmp_path):
 
     got = PynvmlNvml(OldName(reading)).read()
     assert got.gpus[0].clock_reasons == 0 and got.gpus[0].errors == {}
+
+
+def test_gpuenv_top_judges_a_gpu_against_its_peers_in_the_frame(tmp_path):
+    """gpuenv top's health column applies the same rules: GPU 3 answering no NVLinks while its
+    seven H100 SXM peers do is drain there too."""
+    from gpuenv.health import top
+    from gpuenv.health.nvml import patch_gpus
+
+    data = patch_gpus(build(tmp_path, "hgx8").nvml_data, {"3": {"nvlinks": None}})
+    rows = top.frame("n1", FakeNvml(data), TH)["gpus"]
+    assert [r["health"] for r in rows] == ["none"] * 3 + ["drain"] + ["none"] * 4
+    assert "nvlink.state: drain" in rows[3]["why"]
