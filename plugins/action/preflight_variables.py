@@ -35,6 +35,7 @@ from ..plugin_utils.preflight import (
     role_bounds,
     role_options,
     stale_after_s,
+    stated_formats,
 )
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
@@ -52,6 +53,13 @@ def _yaml(path: Path) -> dict[str, Any]:
         return {}
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return yaml.load(path.read_text(), Loader=loader) or {}
+
+
+def _yaml_list(path: Path) -> list[Any]:
+    """A task file's tasks (a list; anything else is no task list)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    tasks = yaml.load(path.read_text(), Loader=loader)
+    return tasks if isinstance(tasks, list) else []
 
 
 def _trusted(value: Any) -> Any:
@@ -81,6 +89,14 @@ class ActionModule(ActionBase):
                 specs[role.name] = _yaml(role / "meta" / "argument_specs.yml")
                 defaults.update(_trusted(_yaml(role / "defaults" / "main.yml")))
         options = role_options(specs)
+        formats = stated_formats(
+            {
+                str(path.relative_to(ROLES_DIR.parent)): _yaml_list(path)
+                for name in ("validate.yml", "checks.yml")
+                for path in sorted(ROLES_DIR.glob(f"*/tasks/{name}"))
+            },
+            options,
+        )
         bounds = role_bounds(
             {r: _yaml(ROLES_DIR / r / "vars" / "main.yml") for r, _ in ROLE_MAXIMA.values()}
         )
@@ -102,7 +118,7 @@ class ActionModule(ActionBase):
             profiles, why = self._profiles(given, derived)
             stale_s = self._stale_s(given, derived)
             problems += bad_defaults + judge(
-                options, given, derived, profiles, stale_s, why, bounds
+                options, given, derived, profiles, stale_s, why, bounds, formats
             )
             for problem in problems:
                 found.setdefault((problem.variable, problem.reason), []).append(host)

@@ -197,6 +197,69 @@ def range_problems(
     return problems
 
 
+# Formats in roles' asserts: "NAME is match('RE')", "NAME | length == 0 or NAME is match('RE')".
+_STATED = re.compile(
+    r"^\s*(?:(?P<empty>[a-z_][a-z0-9_]*) \| length == 0 or )?(?P<name>[a-z_][a-z0-9_]*)"
+    r" is match\('(?P<re>[^']*)'\)\s*$"
+)
+
+
+@dataclass(frozen=True)
+class Format:
+    """A format an option's value must match (Ansible's ``match`` test: from the start)."""
+
+    pattern: str
+    empty_ok: bool
+    where: str  # the task file that states it
+
+
+def stated_formats(task_files: Mapping[str, Any], options: Iterable[str]) -> dict[str, Format]:
+    """The formats the roles' own asserts state for their options (``task_files``: a path to the
+    file's task list), so that preflight applies them to every role, whether its stage runs or
+    not; an assert with ``when`` is left to its role (its condition may need what it knows)."""
+    options = set(options)
+    formats: dict[str, Format] = {}
+
+    def walk(tasks: Any, where: str) -> None:
+        for task in tasks if isinstance(tasks, list) else []:
+            if not isinstance(task, Mapping):
+                continue
+            for key in ("block", "rescue", "always"):
+                walk(task.get(key), where)
+            body = task.get("ansible.builtin.assert") or task.get("assert")
+            if not isinstance(body, Mapping) or "when" in task:
+                continue
+            that = body.get("that")
+            for item in [that] if isinstance(that, str) else that or []:
+                found = _STATED.match(str(item))
+                if not found or found["name"] not in options:
+                    continue
+                if found["empty"] not in (None, found["name"]):
+                    continue
+                formats[found["name"]] = Format(found["re"], found["empty"] is not None, where)
+
+    for where, tasks in sorted(task_files.items()):
+        walk(tasks, where)
+    return formats
+
+
+def format_problems(values: Mapping[str, Any], formats: Mapping[str, Format]) -> list[Problem]:
+    """Each given string against the format its role states."""
+    problems: list[Problem] = []
+    for name in sorted(values):
+        form, value = formats.get(name), values[name]
+        if form is None or not isinstance(value, str) or (form.empty_ok and value == ""):
+            continue
+        if not re.match(form.pattern, value):
+            problems.append(
+                Problem(
+                    name,
+                    f"{value!r} does not match {form.pattern} (the format {form.where} checks)",
+                )
+            )
+    return problems
+
+
 def _ports(values: Mapping[str, Any]) -> dict[str, range]:
     """The ports each listening variable takes, as given or defaulted (ints only)."""
     taken = {
@@ -337,6 +400,7 @@ def judge(
     stale_s: int | None,
     why_no_profiles: str = "",
     bounds: Mapping[str, tuple[int, int | None]] | None = None,
+    formats: Mapping[str, Format] | None = None,
 ) -> list[Problem]:
     """Every problem of one host's variables. ``given``: the values its inventory and extra vars
     set, templated. ``derived``: each role default that reads given variables, templated, with
@@ -345,6 +409,7 @@ def judge(
     values = {**{n: v for n, (v, _) in derived.items()}, **given}
     problems, converted = spec_problems(options, values)
     problems += range_problems(options, converted, bounds)
+    problems += format_problems(converted, formats or {})
     # The rules between variables judge only values that passed on their own: one problem, one name.
     sound = {n: v for n, v in converted.items() if n not in {p.variable for p in problems}}
     effective = {**_spec_defaults(options), **sound}

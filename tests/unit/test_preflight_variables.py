@@ -3,13 +3,14 @@
 The bad values are generated from the roles' meta/argument_specs.yml themselves: for every option
 with choices a value outside them, for every option of a non-string type a value of another type
 (a mapping for a list, a word for an int or a bool, a list for a mapping), for every string option a
-mapping, for every port 0 and 70000, for every number -1; then the rules between variables (two
-services on one port, timeouts against intervals, profile names). The whole table goes through the
-judge in-process (plugins/plugin_utils/preflight.py, the code the action plugin runs); a sample of
-it goes end to end through the real playbooks/preflight.yml with ansible-playbook against a
-local-connection host, followed by a play that would leave a marker: the run must fail in
-preflight's first task, name the variable, change nothing and leave no marker. One
-ansible-playbook run per generated value (some 300) would take minutes on a small machine.
+mapping, for every port 0 and 70000, for every number -1, for every format a role's assert states a
+string outside it; then the rules between variables (two services on one port, timeouts against
+intervals, profile names). The whole table goes through the judge in-process
+(plugins/plugin_utils/preflight.py, the code the action plugin runs); a sample of it goes end to
+end through the real playbooks/preflight.yml with ansible-playbook against a local-connection host,
+followed by a play that would leave a marker: the run must fail in preflight's first task, name
+each variable, change nothing and leave no marker. One ansible-playbook run per generated value
+(some 560) would take many minutes on a small machine.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ BOUNDS = preflight.role_bounds(
         for role, _ in preflight.ROLE_MAXIMA.values()
     }
 )
+FORMATS = preflight.stated_formats(
+    {
+        str(path.relative_to(ROOT)): yaml.safe_load(path.read_text())
+        for name in ("validate.yml", "checks.yml")
+        for path in sorted((ROOT / "roles").glob(f"*/tasks/{name}"))
+    },
+    OPTIONS,
+)
+NOT_A_FORMAT = "Not valid!"
 STALE_S = preflight.stale_after_s(
     yaml.safe_load((ROOT / "roles" / "gpu_monitoring" / "files" / "gpuenv.rules.yml").read_text())
 )
@@ -79,6 +89,8 @@ def bad_values() -> Iterator[tuple[str, str, Any]]:
             yield f"{name}-port-70000", name, 70000
         if name in BOUNDS and BOUNDS[name][1] is not None:
             yield f"{name}-above-its-role-maximum", name, BOUNDS[name][1] + 1
+        if name in FORMATS:
+            yield f"{name}-not-its-format", name, NOT_A_FORMAT
         if kind == "list" and name.endswith("_ports"):
             yield f"{name}-port-70000", name, ["70000"]
 
@@ -95,7 +107,7 @@ def _literal_defaults() -> dict[str, Any]:
 
 
 def judge(given: dict[str, Any], derived: dict | None = None) -> list[preflight.Problem]:
-    return preflight.judge(OPTIONS, given, derived or {}, PROFILES, STALE_S, "", BOUNDS)
+    return preflight.judge(OPTIONS, given, derived or {}, PROFILES, STALE_S, "", BOUNDS, FORMATS)
 
 
 def test_the_table_covers_every_role_and_kind() -> None:
@@ -105,6 +117,11 @@ def test_the_table_covers_every_role_and_kind() -> None:
     assert "gpu_env_pip_extra_index_urls-wrong-type" in BAD
     assert "rolling_upgrade_pair_port-port-70000" in BAD
     assert set(BOUNDS) == set(preflight.ROLE_MAXIMA)
+    # The formats of the roles whose own checks run only in their stage (slurm) are among them.
+    assert {"slurm_version", "slurm_cluster_name", "slurm_partition_name", "slurm_gpuenv"} <= set(
+        FORMATS
+    )
+    assert all(not re.match(form.pattern, NOT_A_FORMAT) for form in FORMATS.values())
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -239,6 +256,7 @@ END_TO_END: dict[str, dict[str, Any]] = {
         "rolling_upgrade_batch_size": "all",
         "net_qos_ports": ["29500", "70000"],
         "ssh_mesh_user_create": "sometimes",
+        "slurm_cluster_name": "My Cluster",
         # Read by role defaults only (gpu_env_pip_extra_index_urls, the pip arguments): named.
         "gpuenv_pip_extra_index_url": {"url": "https://pypi.example/simple"},
     },
