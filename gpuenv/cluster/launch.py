@@ -171,4 +171,3 @@ def mpirun_failed_rank(stderr: str, hosts: Sequence[Host]) -> str | None:
         return None
     rank = int(m.group(1))
     return f"rank {rank} on {hosts[rank].name}" if rank < len(hosts) else f"rank {rank}"
-
