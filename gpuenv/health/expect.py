@@ -355,7 +355,7 @@ def read_findings(gpu: GpuReading, exp: Expected) -> list[Finding]:
     for name, calls in by_read.items():
         read = READ_BY_NAME.get(name)
         lost = any(_LOST in words.lower() for _, words in calls)
-        action = "reboot" if lost else read.action if read else "watch"
+        action = "reboot" if lost else _action(read, exp) if read else "watch"
         said = "; ".join(f"{call} failed: {words}" for call, words in calls[:4])
         if len(calls) > 4:
             said += f"; and {len(calls) - 4} more"
@@ -385,7 +385,7 @@ def read_findings(gpu: GpuReading, exp: Expected) -> list[Finding]:
         out.append(
             Finding(
                 "nvml.read",
-                read.action,
+                _action(read, exp),
                 f"{read.call} answered nothing for {', '.join(missing)} although {why}",
                 NVML_API,
                 gpu=gpu.index,
@@ -395,6 +395,14 @@ def read_findings(gpu: GpuReading, exp: Expected) -> list[Finding]:
             )
         )
     return out
+
+
+def _action(read: Read, exp: Expected) -> str:
+    """The read's action; the fabric matters only where NVSwitches join the GPUs (fabric_findings
+    judges it nowhere else), so its failed read elsewhere is watch."""
+    if read.name == "fabric" and not exp.nvswitch_node:
+        return "watch"
+    return read.action
 
 
 def _call_order(call: str) -> tuple[str, int]:

@@ -213,7 +213,7 @@ def test_docs_health_lists_every_read_with_its_action():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "health.md").read_text(encoding="utf-8")
     for read in READS:
-        row = f"| `{read.name}` | `{read.call}` | {read.expected_when} | {read.action} |"
+        row = f"| `{read.name}` | `{read.call}` | {read.expected_when} | {read.action}"
         assert row in doc, row
 
 
@@ -241,3 +241,13 @@ def test_gpuenv_top_judges_a_gpu_against_its_peers_in_the_frame(tmp_path):
     rows = top.frame("n1", FakeNvml(data), TH)["gpus"]
     assert [r["health"] for r in rows] == ["none"] * 3 + ["drain"] + ["none"] * 4
     assert "nvlink.state: drain" in rows[3]["why"]
+
+
+def test_a_failed_fabric_read_drains_only_where_nvswitches_join_the_gpus():
+    gpu = _gpu(
+        errors={"nvmlDeviceGetGpuFabricInfo": "Invalid Argument"}, slowdown_c=87, shutdown_c=92
+    )
+    [alone] = read_findings(gpu, Expected(model="H200-SXM"))
+    assert (alone.subject, alone.action) == ("fabric", "watch")
+    [switched] = read_findings(gpu, Expected(model="H200-SXM", nvswitch_node=True))
+    assert switched.action == "drain"
