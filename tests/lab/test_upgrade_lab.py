@@ -21,7 +21,14 @@ drained), and the output says so; with the fault removed the re-run completes wi
 skipped (changed=0 there) and every node on 2.0; a check-mode run of the finished rollout changes
 nothing.
 
-Opt-in (about 20 minutes on 2 shared cores): a lab whose stack converged without the GPU roles,
+Then a node that stops answering mid-batch: an upgrade to 3.0 during which batch 2's node has its
+container paused (`docker pause`) right after the upgrade drained it, and unpaused once the run
+ended. Ansible reports it UNREACHABLE; its batch's watcher names it in an UPGRADE STOPPED summary,
+keeps it drained with a `gpuenv: upgrade batch 2: unreachable ...` reason and records it on the
+controller; batch 3 is not touched. The re-run, with the node back, skips the canary and upgrades
+node2 (from the versions before in its `started` record) and node3; every node ends IDLE.
+
+Opt-in (about 30 minutes on 2 shared cores): a lab whose stack converged without the GPU roles,
 
     gpuenv lab up --nodes 3 --name upg --distro bookworm
     ansible-playbook -i inventory/lab-upg/hosts.yml site.yml \\
@@ -31,7 +38,8 @@ Opt-in (about 20 minutes on 2 shared cores): a lab whose stack converged without
     gpuenv lab down --name upg
 
 The lab's first node is the Slurm controller and also a compute node (3 compute nodes on 3
-containers); the test runs the slurm stage itself (health check and prolog off, no cgroup).
+containers); the module's fixture runs the slurm, sources and packages stages (health check and
+prolog off, no cgroup) once for both tests.
 Containers have no NVIDIA kernel module, so no reboot happens and no driver feature is published:
 the run says so. docs/upgrade.md has the figures.
 """
@@ -43,8 +51,10 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -68,6 +78,7 @@ PIN = f"/etc/apt/preferences.d/gpuenv-{PACKAGE}.pref"
 STATE = "/etc/gpuenv/upgrade-state.json"
 FAULT = "/etc/gpuenv-standin/fault-2.0"
 PORT = 8080
+VERSIONS = ("1.0", "2.0", "3.0")
 CHECK_ONLY = ["--only", "system,mpi"]
 PAIR_ARGS = ["--skip", "health,torch,pairs", "--check-args", " ".join(CHECK_ONLY)]
 STANDIN = """#!/bin/sh
@@ -103,7 +114,7 @@ def on_node(name: str, command: str, check: bool = True) -> tuple[int, str]:
 
 
 def build_debs(folder: Path) -> None:
-    for version in ("1.0", "2.0"):
+    for version in VERSIONS:
         tree = folder / f"tree-{version}"
         (tree / "DEBIAN").mkdir(parents=True)
         (tree / "usr" / "bin").mkdir(parents=True)
@@ -213,12 +224,24 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_a_failed_batch_is_rolled_back_and_the_rerun_completes(repository, tmp_path):
+@dataclass(frozen=True)
+class Stack:
+    """The lab after the slurm, sources and packages stages: every node on 1.0, IDLE in Slurm."""
+
+    inventories: list[Path]
+    nodes: list[str]
+    controller: str
+    entry: dict[str, object]
+    reports: Path
+
+
+@pytest.fixture(scope="module")
+def stack(repository: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Stack:
     url, key = repository
+    folder = tmp_path_factory.mktemp("stack")
     nodes = names()
-    canary, second, third = nodes
     controller = nodes[0]
-    slurm = write_yaml(tmp_path / "slurm.yml", {"all": {
+    slurm = write_yaml(folder / "slurm.yml", {"all": {
         "vars": {"slurm_cgroup": False, "slurm_health_check": False, "slurm_prolog": False},
         "children": {"slurm_controller": {"hosts": {controller: {}}},
                      "slurm_compute": {"hosts": {n: {} for n in nodes}}},
@@ -228,7 +251,7 @@ def test_a_failed_batch_is_rolled_back_and_the_rerun_completes(repository, tmp_p
     on_node(controller, f"scontrol update nodename={','.join(nodes)} state=resume", check=False)
 
     entry = {"name": PACKAGE, "packages": [PACKAGE]}
-    site = write_yaml(tmp_path / "site.yml", {"all": {"vars": {
+    site = write_yaml(folder / "site.yml", {"all": {"vars": {
         "gpuenv_apt_bundle_url": url, "gpuenv_apt_bundle_key": str(key),
         "pinned_packages_list": [{**entry, "version": "1.0"}],
         "rolling_upgrade_acceptance_commands": [[PACKAGE, "--selftest"]],
@@ -236,7 +259,7 @@ def test_a_failed_batch_is_rolled_back_and_the_rerun_completes(repository, tmp_p
         # disk): the node check runs system and mpi, the pair test MPI across the pair.
         "rolling_upgrade_check_args": CHECK_ONLY,
         "rolling_upgrade_pair_args": PAIR_ARGS,
-        "rolling_upgrade_report_dir": str(tmp_path / "reports"),
+        "rolling_upgrade_report_dir": str(folder / "reports"),
     }}})  # fmt: skip
     inventories = [INVENTORY, slurm, site]
     _, sources_s = run_playbook(inventories, ROOT / "playbooks" / "sources.yml")
@@ -246,6 +269,14 @@ def test_a_failed_batch_is_rolled_back_and_the_rerun_completes(repository, tmp_p
     assert [installed(n) for n in nodes] == ["1.0"] * 3
     for node in nodes:
         on_node(node, f"rm -f {STATE} {FAULT}")
+    return Stack(inventories, nodes, controller, entry, folder / "reports")
+
+
+def test_a_failed_batch_is_rolled_back_and_the_rerun_completes(stack, tmp_path):
+    inventories, nodes, controller, entry = (
+        stack.inventories, stack.nodes, stack.controller, stack.entry
+    )  # fmt: skip
+    canary, second, third = nodes
 
     target = write_yaml(
         tmp_path / "target.yml", {"pinned_packages_list": [{**entry, "version": "2.0"}]}
@@ -258,10 +289,10 @@ def test_a_failed_batch_is_rolled_back_and_the_rerun_completes(repository, tmp_p
     for args, words in (
         ([], "no target versions: set rolling_upgrade_pins"),
         ([f"rolling_upgrade_pins={target}", "-e", "rolling_upgrade_batch_size=0"],
-         "rolling_upgrade_batch_size must be 1 or more (got 0)"),
+         "rolling_upgrade_batch_size: must be 1 or more (got 0)"),
         ([f"rolling_upgrade_pins={missing}"],
          f"entry {PACKAGE} version 9.9 is not in the node's repositories; "
-         f"{PACKAGE} is offered at: 2.0, 1.0"),
+         f"{PACKAGE} is offered at: {', '.join(reversed(VERSIONS))}"),
     ):  # fmt: skip
         rc, out, took = upgrade(inventories, *(["-e", *args] if args else []))
         print(f"bad input ({words[:40]}...): exit {rc} in {took:.1f} s")
@@ -325,3 +356,112 @@ def test_a_failed_batch_is_rolled_back_and_the_rerun_completes(repository, tmp_p
     rc, out, check_s = upgrade(inventories, "-e", f"rolling_upgrade_pins={target}", "--check")
     print(f"check mode on the finished rollout: exit {rc} in {check_s:.1f} s, changed {recap(out)}")
     assert rc == 0 and set(recap(out).values()) == {0}, out[-3000:]
+
+
+def upgrade_pausing(
+    inventories: list[Path], node: str, *args: str
+) -> tuple[int, str, float, float]:
+    """The upgrade playbook, with ``node``'s container paused (docker pause) right after the
+    upgrade drained it, that is while its batch runs, and unpaused after the run ended: (exit
+    status, output, seconds, seconds from the pause to the end of the run)."""
+    argv = ["ansible-playbook", *(a for i in inventories for a in ("-i", str(i)))]
+    container = docker_client().containers.get(node)  # the lab names a node's container as the node
+    started_at = time.monotonic()
+    proc = subprocess.Popen(
+        [*argv, str(ROOT / "playbooks" / "upgrade.yml"), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    watchdog = threading.Timer(2400, proc.kill)
+    watchdog.start()
+    lines: list[str] = []
+    task, paused_at = "", 0.0
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("TASK ["):
+                task = line
+            if (
+                not paused_at
+                and ": Drain the node]" in task
+                and line.startswith(f"changed: [{node} ")
+            ):
+                container.pause()
+                paused_at = time.monotonic()
+                print(f"paused {node} at {paused_at - started_at:.1f} s, just after its drain")
+        rc = proc.wait()
+    finally:
+        watchdog.cancel()
+        container.reload()
+        if container.status == "paused":
+            container.unpause()
+    assert paused_at, "the node's drain was never seen: " + "".join(lines)[-3000:]
+    ended_at = time.monotonic()
+    return rc, "".join(lines), ended_at - started_at, ended_at - paused_at
+
+
+def test_a_node_paused_during_its_batch_stops_the_rollout_and_the_rerun_continues(stack, tmp_path):
+    """node2 stops answering (its container paused) right after the upgrade drained it: Ansible
+    takes it out of the play, and its batch's watcher names it, keeps it drained with a reason of
+    the upgrade's, records it on the controller and stops the rollout; node3 is not touched. Once
+    the node is back, the re-run skips the canary and upgrades node2 (from its record's versions
+    before) and node3."""
+    inventories, nodes, controller, entry = (
+        stack.inventories, stack.nodes, stack.controller, stack.entry
+    )  # fmt: skip
+    canary, second, third = nodes
+    for node in nodes:
+        on_node(node, f"rm -f {FAULT}")
+    before = {n: installed(n) for n in nodes}
+    target = write_yaml(
+        tmp_path / "target-3.yml", {"pinned_packages_list": [{**entry, "version": "3.0"}]}
+    )
+    rc, out, first_s, lost_s = upgrade_pausing(
+        inventories, second, "-e", f"rolling_upgrade_pins={target}"
+    )
+    said = flat(out)
+    print(
+        f"run with {second} paused: exit {rc} in {first_s:.1f} s ({lost_s:.1f} s after the pause)"
+    )
+    print(
+        "\n".join(line for line in out.splitlines() if "UPGRADE" in line or "UNREACHABLE" in line)
+    )
+    assert rc != 0
+    assert f"fatal: [{second}]: UNREACHABLE!" in out
+    stopped = f"UPGRADE STOPPED at batch 2 ({second}): unreachable during the drain and change ("
+    assert stopped in said, out[-4000:]
+    assert f"ROLLBACK: none while the node cannot be worked on; its record ({STATE}" in said
+    assert f"keeps the versions before ({PACKAGE}={before[second]}" in said
+    assert f"NOT TOUCHED (later batches): {third}." in said
+    assert "UPGRADE COMPLETE" not in said
+    state, reason = slurm_node(controller, second)
+    assert "DRAIN" in state.split("+"), state
+    assert reason.startswith("gpuenv: upgrade batch 2: unreachable during the drain and change"), (
+        reason
+    )
+    lost = json.loads((stack.reports / f"upgrade-{second}.json").read_text())
+    assert (lost["node"], lost["batch"], lost["outcome"]) == (second, 2, "unreachable")
+    assert lost["before"][PACKAGE] == before[second]
+    upgraded, half = record(canary), record(second)
+    assert upgraded and upgraded["outcome"] == "upgraded" and installed(canary) == "3.0"
+    assert half and half["outcome"] == "started" and half["before"][PACKAGE] == before[second]
+    assert half["target_id"] == upgraded["target_id"] == lost["target_id"]
+    assert installed(third) == before[third]
+    assert (record(third) or {}).get("target_id") != upgraded["target_id"]
+    for node in (canary, third):
+        assert slurm_node(controller, node) == ("IDLE", ""), node
+
+    # The node is back (unpaused): the re-run skips the canary and continues at batch 2.
+    rc, out, rerun_s = upgrade(inventories, "-e", f"rolling_upgrade_pins={target}")
+    print(f"re-run: exit {rc} in {rerun_s:.1f} s, changed {recap(out)}")
+    print("\n".join(line for line in out.splitlines() if "UPGRADE" in line))
+    assert rc == 0, out[-4000:]
+    assert f"{canary} batch 1 skipped, already upgraded in an earlier run" in flat(out)
+    assert recap(out)[canary] == 0
+    assert [installed(n) for n in nodes] == ["3.0"] * 3
+    done = record(second)
+    assert done and done["outcome"] == "upgraded" and done["before"][PACKAGE] == before[second]
+    assert (record(third) or {}).get("outcome") == "upgraded"
+    for node in nodes:
+        assert slurm_node(controller, node) == ("IDLE", ""), node
