@@ -3,9 +3,13 @@ host) and the others compute nodes. The stage is idempotent and check mode repor
 `srun -N<n> hostname` reaches every compute node; `srun -N<n> python3 -m mpi4py.bench helloworld`,
 run by the cluster user in an SSH login on the controller as users run it, starts one MPI rank per
 compute node (MpiDefault=pmix); `gpuenv cluster --launcher srun --profile cpu` over the compute
-nodes is OK; a health fault fixture on the last node (read by the real scanner through
---nvml-fixture/--kernel-log) drains it with a `gpuenv:` reason, clearing it resumes it, and an
-administrator's drain on another node stays through a healthy scan.
+nodes is OK; a reset-level health fault on the last node (Xid 154, the driver asking for a GPU
+reset, read by the real scanner through --nvml-fixture/--kernel-log) drains it with a `gpuenv:`
+reason naming the finding, clearing it resumes it, and an administrator's drain on another node
+stays through a healthy scan. A crash: gpuenv made unable to start on a middle node (a module of
+its package moved away) leaves the rolling upgrade's drain as it is, drains the node with `gpuenv:
+health scan failed: ...` naming the missing module once nobody else holds it, and the first healthy
+scan after the repair resumes that drain.
 
 Opt-in, because it needs docker and a lab with the cluster user, Open MPI and the cluster venv
 (mpi4py, gpuenv, the CPU torch from the lab's wheelhouse; the health check drains a node without
@@ -36,8 +40,6 @@ import pytest
 import yaml
 from labnet import converge_idempotent, run_playbook
 
-from gpuenv.health.nvml import patch_gpus
-
 LAB = os.environ.get("GPUENV_LAB", "")
 pytestmark = pytest.mark.skipif(
     not LAB, reason="opt-in: set GPUENV_LAB to a running lab whose env stage ran"
@@ -49,6 +51,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "health"
 FAULT_DIR = "/etc/gpuenv/lab-fault"
 HEALTH = "/usr/local/sbin/gpuenv-slurm-health"
 ADMIN_REASON = "admin: lab maintenance"
+UPGRADE_REASON = "gpuenv: upgrade batch 1 to lab"  # as roles/rolling_upgrade writes it
 CLUSTER_USER = "gpuenv"  # roles/ssh_mesh's ssh_mesh_user
 
 
@@ -90,8 +93,8 @@ def write_inventory(path, nodes, fault_node=None):
             "--kernel-log",
             f"{FAULT_DIR}/kernel.log",
         ]
-        # Xid 79's action is reboot (the catalogue's RESTART_BM): the default fail-on (reset)
-        # drains it, as a node that needs a reboot must not take the next job.
+        # Xid 154 asks for a reset: the default fail-on (reset) drains it, as a node that needs
+        # a reset must not take the next job.
         data["all"]["hosts"] = {fault_node: {"slurm_health_extra_args": args}}
     path.write_text(yaml.safe_dump(data))
 
@@ -173,10 +176,10 @@ def test_slurm_runs_jobs_and_gpuenv_owns_its_drains(tmp_path):
         assert cluster[name]["status"] == "PASS", cluster[name]
     assert cluster["slurm-gpus"]["status"] == "SKIP", cluster["slurm-gpus"]
 
-    # The fault: the recorded 8-GPU node with GPU 3 gone and its Xid 79 (the real scanner).
-    base = json.loads((FIXTURES / "_base" / "hgx8" / "nvml.json").read_text())
-    nvml = json.dumps(patch_gpus(base, {"3": {"remove": True}}))
-    log = (FIXTURES / "xid79-fallen-off-bus" / "kernel.log").read_text()
+    # The fault: the recorded 8-GPU node whose driver asks for a reset of GPU 3 (Xid 154, a
+    # reset-level finding; the real scanner reads it).
+    nvml = (FIXTURES / "_base" / "hgx8" / "nvml.json").read_text()
+    log = (FIXTURES / "xid154-recovery-reset" / "kernel.log").read_text()
     on_node(faulty, f"mkdir -p {FAULT_DIR} && cat > {FAULT_DIR}/nvml.json", data=nvml.encode())
     on_node(faulty, f"cat > {FAULT_DIR}/kernel.log", data=log.encode())
     write_inventory(extra, nodes, fault_node=faulty)
@@ -185,7 +188,9 @@ def test_slurm_runs_jobs_and_gpuenv_owns_its_drains(tmp_path):
     print(f"health check on {faulty}: exit {rc}: {out.strip()}")
     state, reason = node_state(controller, faulty)
     print(f"{faulty}: {state} {reason!r}")
-    assert "DRAIN" in state and reason.startswith("gpuenv: "), (state, reason)
+    assert rc == 1 and out.strip().splitlines()[-1].startswith("gpuenv-slurm-verdict: unhealthy")
+    # Xid 119 (a GSP timeout) and Xid 154 both ask for a reset; the first in scan order names it.
+    assert "DRAIN" in state and reason.startswith("gpuenv: xid gpu3 1"), (state, reason)
 
     # An administrator's drain on another node stays through its healthy scan.
     on_node(
@@ -196,6 +201,8 @@ def test_slurm_runs_jobs_and_gpuenv_owns_its_drains(tmp_path):
     state, reason = node_state(controller, administered)
     print(f"{administered} after a healthy scan: {state} {reason!r}")
     assert "DRAIN" in state and reason == ADMIN_REASON, (state, reason)
+
+    crash_keeps_others_drains_and_drains_its_own(controller, computes[len(computes) // 2])
 
     # The fault cleared: the next scan resumes the node gpuenv drained.
     write_inventory(extra, nodes)
@@ -208,3 +215,35 @@ def test_slurm_runs_jobs_and_gpuenv_owns_its_drains(tmp_path):
     )
     print(f"{faulty} resumed: {state} {reason!r} after {resumed_s:.1f} s")
     on_node(controller, f"scontrol update nodename={administered} state=resume")
+
+
+def crash_keeps_others_drains_and_drains_its_own(controller, node):
+    """gpuenv cannot start on ``node`` (its gpuenv.health.slurm moved away: every gpuenv command
+    dies on the import): the health-check script drains by itself, by the same rule."""
+    _, line = on_node(node, f"sed -n 's/^gpuenv=//p' {HEALTH}")
+    python = Path(shlex.split(line)[0]).parent / "python"
+    _, module = on_node(node, f"{python} -c 'import gpuenv.health.slurm as m; print(m.__file__)'")
+    module = module.strip()
+    on_node(controller, f"scontrol update nodename={node} state=drain reason='{UPGRADE_REASON}'")
+    on_node(node, f"mv {module} {module}.away")
+    try:
+        rc, out = on_node(node, HEALTH, check=False)
+        state, reason = node_state(controller, node)
+        print(f"{node}, gpuenv broken, the upgrade's drain: exit {rc}: {out.strip()!r}; {state}")
+        assert rc == 1 and "DRAIN" in state and reason == UPGRADE_REASON, (out, state, reason)
+
+        on_node(controller, f"scontrol update nodename={node} state=resume")  # the upgrade's end
+        rc, out = on_node(node, HEALTH, check=False)
+        state, reason = node_state(controller, node)
+        print(f"{node}, gpuenv broken: exit {rc}: {out.strip()!r}; {state} {reason!r}")
+        assert rc == 1 and "DRAIN" in state, (out, state, reason)
+        assert reason.startswith(
+            "gpuenv: health scan failed: gpuenv health exited 1 without a"
+            " verdict: ModuleNotFoundError: No module named"
+        ), reason
+    finally:
+        on_node(node, f"mv {module}.away {module}")
+    rc, out = on_node(node, HEALTH, check=False)
+    state, reason = node_state(controller, node)
+    print(f"{node}, gpuenv repaired: exit {rc}: {out.strip()!r}; {state} {reason!r}")
+    assert rc == 0 and "DRAIN" not in state, (out, state, reason)

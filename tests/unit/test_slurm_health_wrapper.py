@@ -298,7 +298,7 @@ def test_the_script_fits_slurmds_60_s_for_every_accepted_timeout():
     """slurmd kills its HealthCheckProgram after 60 s (slurm.conf(5)); the script's fallback must
     still run after the scan's deadline: the role refuses a longer scan deadline."""
     validate = (ROLE / "tasks" / "validate.yml").read_text(encoding="utf-8")
-    assert "slurm_health_timeout_s <= __slurm_health_timeout_max_s" in validate
+    assert "slurm_health_timeout_s | int <= __slurm_health_timeout_max_s" in validate
     defaults = role_vars()
     assert defaults["__slurm_health_timeout_max_s"] == slurm.SCAN_DEADLINE_MAX_S
     assert defaults["__slurm_health_fallback_s"] == slurm.FALLBACK_DEADLINE_S
