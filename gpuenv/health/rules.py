@@ -706,31 +706,23 @@ def xid_findings(
     return out
 
 
-def ib_device_findings(rdma_nics: list[str], rdma_devices: list[str]) -> list[Finding]:
-    """Every ConnectX function on the PCI bus (``rdma_nics``: their addresses, bound to mlx5_core
-    or to no driver) should have its RDMA device (/sys/class/infiniband): fewer means a card the
-    node cannot use for RDMA (mlx5_ib not loaded, no module for the running kernel, the device
-    gone), and NCCL falls back to sockets. The fabric check names the card and its rails
-    (docs/checks.md); here the count is enough to keep the node from a job."""
-    if not rdma_nics:
-        return []
-    short = len(rdma_devices) < len(rdma_nics)
+def ib_device_findings(invisible: list[str]) -> list[Finding]:
+    """One ``ib.device`` drain per RDMA-capable adapter on the PCI bus without its RDMA device
+    (/sys/class/infiniband): a card the node cannot use for RDMA (its RDMA module not loaded or
+    not built for the running kernel, no driver bound, the device lost), and NCCL falls back to
+    sockets. ``invisible`` is the floor's one rule (``fabric.invisible_named``), which the
+    ``fabric`` check, ``system`` and the doctor share: each entry names the card, its address and
+    the cause; the card carrying the default route (a management port) is not among them."""
     return [
         Finding(
             "ib.device",
-            "drain" if short else "none",
-            f"{len(rdma_nics)} ConnectX function(s) on the PCI bus ({', '.join(rdma_nics)}),"
-            f" {len(rdma_devices)} RDMA device(s) in /sys/class/infiniband"
-            + (
-                ": a card without its RDMA device (mlx5_ib not loaded, or the device lost);"
-                " NCCL would fall back to sockets"
-                if short
-                else ""
-            ),
+            "drain",
+            f"{said}; NCCL would fall back to sockets",
             IB_SYSFS,
-            value=len(rdma_devices),
-            new=short,
+            subject=said.split(": no RDMA device", 1)[0],
+            new=True,
         )
+        for said in invisible
     ]
 
 

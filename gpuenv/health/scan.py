@@ -10,8 +10,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from gpuenv.floor import fabric, pci
 from gpuenv.floor import health as floor
-from gpuenv.floor import net, pci
 from gpuenv.floor.node import Run
 from gpuenv.health import expect, history, rules
 from gpuenv.health.findings import Finding, HealthReport
@@ -113,12 +113,7 @@ def scan(
     events, new, newest_s = _fresh_events(log, state, boot, boot_unix, by_bus)
     findings += rules.xid_findings(events, new, by_bus)
     ports = floor.ib_ports(root)
-    connectx = [
-        d.bdf
-        for d in devices or []
-        if d.vendor == pci.MELLANOX_VENDOR and d.is_nic and d.driver in ("", "mlx5_core")
-    ]
-    findings += rules.ib_device_findings(connectx, net.rdma_devices(root))
+    findings += rules.ib_device_findings(fabric.invisible_named(fabric.adapters(root, devices)))
     prev_ib = counters.get("ib", {}) if state.get("boot_id") == boot else {}
     findings += rules.ib_findings(ports, prev_ib, th)
 

@@ -5,6 +5,8 @@ on what it and its model say, and what peers share (an administrator's cap) is n
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from healthnode import build
 from test_health_nvml import FakePynvml, NVMLError
 
 from gpuenv.checks.thresholds import load_thresholds
+from gpuenv.floor import fabric
 from gpuenv.health import rules
 from gpuenv.health.expect import READS, Expected, expectations, read_findings
 from gpuenv.health.nvml import FakeNvml, GpuReading, PynvmlNvml
@@ -200,12 +203,19 @@ def test_a_hot_gpu_without_thresholds_is_judged_on_its_peers(tmp_path):
     assert report.worst == "drain"
 
 
-def test_a_connectx_card_without_its_rdma_device_is_drain():
-    [f] = rules.ib_device_findings(["0000:19:00.0", "0000:3b:00.0"], ["mlx5_0"])
-    assert f.action == "drain" and "2 ConnectX function(s)" in f.evidence
-    [ok] = rules.ib_device_findings(["0000:19:00.0"], ["mlx5_0"])
-    assert ok.action == "none"
-    assert rules.ib_device_findings([], []) == []
+def test_a_connectx_card_without_its_rdma_device_is_drain_naming_the_card_and_cause(tmp_path):
+    """The floor's one rule (the fabric check's, system's and the doctor's) names each card; the
+    health scan drains on each. Mutated from the recorded 8-GPU base: mlx5_2's device removed."""
+    base = Path(__file__).resolve().parent.parent / "fixtures" / "health" / "_base" / "hgx8"
+    root = tmp_path / "root"
+    shutil.copytree(base / "root", root, symlinks=True)
+    assert fabric.invisible_named(fabric.adapters(str(root))) == []
+    shutil.rmtree(root / "sys/class/infiniband/mlx5_2")
+    said = fabric.invisible_named(fabric.adapters(str(root)))
+    assert len(said) == 1 and "0000:9b:00.0: no RDMA device" in said[0]
+    [f] = rules.ib_device_findings(said)
+    assert f.action == "drain" and f.subject in said[0] and "sockets" in f.evidence
+    assert rules.ib_device_findings([]) == []
 
 
 def test_docs_health_lists_every_read_with_its_action():
