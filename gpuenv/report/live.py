@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
@@ -57,18 +58,18 @@ class Steps:
 
     def begin(self, key: str, description: str) -> None:
         with self._lock:
-            self._tasks[key] = self._progress.add_task(description, total=1, detail="")
+            self._tasks[key] = self._progress.add_task(escape(description), total=1, detail="")
 
     def update(self, key: str, detail: str) -> None:
         with self._lock:
             if key in self._tasks:
-                self._progress.update(self._tasks[key], detail=detail)
+                self._progress.update(self._tasks[key], detail=escape(detail))
 
     def end(self, key: str, detail: str = "", status: str | None = None) -> None:
         text = f"{status}: {detail}" if status and detail else status or detail
         with self._lock:
             if key in self._tasks:
-                self._progress.update(self._tasks[key], completed=1, detail=text)
+                self._progress.update(self._tasks[key], completed=1, detail=escape(text))
 
 
 class CheckTable:
@@ -117,8 +118,10 @@ class CheckTable:
             for name in self.names:
                 if name in self.done:
                     status, detail, seconds = self.done[name]
+                    # Text, not markup: a reason quotes a library's own words, such as gloo's
+                    # "[/path/unbound_buffer.cc:129]", which rich would take for a closing tag.
                     table.add_row(
-                        name, Text(status, STYLES.get(status, "")), f"{seconds:.1f}s", detail
+                        name, Text(status, STYLES.get(status, "")), f"{seconds:.1f}s", Text(detail)
                     )
                 elif name in self.running:
                     elapsed = time.monotonic() - self.running[name]

@@ -131,6 +131,29 @@ def test_console_summary_names_failures_groups_skips_and_ends_on_the_verdict():
     assert lines[-1].startswith("verdict: NOT OK") and "no GPU verified" in lines[-1]
 
 
+GLOO_LINE = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+    "unbound_buffer.cc:129] Timed out waiting 20000ms for recv operation to complete"
+)
+
+
+def test_live_table_and_steps_show_a_reason_that_looks_like_markup_as_it_is():
+    """A failed rank's reason quotes gloo's own line, whose "[/path:129]" rich would take for a
+    closing tag: the live table died with MarkupError instead of showing the verdict."""
+    con = Console(record=True, width=300)
+    with live.CheckTable(["ddp"], con, "n1") as table:
+        table.begin("ddp", "")
+        table.end("ddp", GLOO_LINE, "FAIL")
+    assert GLOO_LINE in con.export_text()
+    err = Console(record=True, width=300)
+    with live.Steps(err) as steps:
+        steps.begin("n1", "torch [stage]")
+        steps.update("n1", GLOO_LINE)
+        steps.end("n1", GLOO_LINE, "FAIL")
+    text = err.export_text()
+    assert "torch [stage]" in text and GLOO_LINE in text
+
+
 def test_live_table_shows_progress():
     con = Console(record=True, width=120)
     with live.CheckTable(["system", "nccl"], con, "n1") as table:
